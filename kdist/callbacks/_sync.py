@@ -1,0 +1,28 @@
+"""Keeps ranks in step at epoch boundaries, whatever order callbacks run in."""
+
+from kdist.comm import fusion
+from kdist.comm import processes
+
+_joined = {}
+
+
+def join_once(model, epoch):
+    """Runs `kdist.join()` once per model and epoch before any epoch-end collective.
+
+    A rank that ran out of batches first reaches the end of the epoch; joining
+    there lets it feed zeros into the other ranks' remaining gradient steps
+    instead of starting a collective they are not ready for. Every kdist
+    callback with an epoch-end collective calls this first; the first call in
+    an epoch does the work.
+    """
+    if processes.size() == 1:
+        return
+    key = id(model)
+    if _joined.get(key) == epoch:
+        return
+    fusion.join()
+    _joined[key] = epoch
+
+
+def forget(model):
+    _joined.pop(id(model), None)

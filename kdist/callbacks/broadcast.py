@@ -1,0 +1,91 @@
+"""Callbacks that keep ranks identical: initial broadcast and metric averaging."""
+
+import logging
+
+import keras
+import numpy as np
+
+from kdist.callbacks import _sync
+from kdist.comm import collectives
+from kdist.comm import processes
+
+logger = logging.getLogger(__name__)
+
+
+def model_state(model):
+    """The variables that define a model in training: its own and its optimizer's."""
+    variables = list(model.variables)
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is not None and getattr(optimizer, "built", False):
+        variables += list(optimizer.variables)
+    return variables
+
+
+class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
+    """Starts every rank from `root_rank`'s weights and optimizer state.
+
+    Runs when training begins, before the first step. A model built
+    differently on some rank is reported by name instead of hanging. It also
+    keeps ranks with uneven numbers of batches in step: at each epoch's end it
+    joins (see `kdist.join`).
+
+    Example:
+
+    >>> import keras, kdist
+    >>> callback = kdist.callbacks.BroadcastGlobalVariablesCallback(0)
+    """
+
+    def __init__(self, root_rank=0, device=""):
+        super().__init__()
+        self.root_rank = int(root_rank)
+
+    def on_train_begin(self, logs=None):
+        _sync.forget(self.model)
+        collectives.broadcast_variables(model_state(self.model), root_rank=self.root_rank)
+        if processes.size() > 1:
+            logger.debug("broadcast model and optimizer state from rank %d", self.root_rank)
+
+    def on_epoch_end(self, epoch, logs=None):
+        _sync.join_once(self.model, epoch)
+
+
+class MetricAverageCallback(keras.callbacks.Callback):
+    """Replaces each epoch's metrics by their average over all ranks.
+
+    Put it before callbacks that read metrics (checkpoints, early stopping,
+    loggers) so that they see the job's figures, not rank 0's alone.
+
+    Example:
+
+    >>> import kdist
+    >>> callback = kdist.callbacks.MetricAverageCallback()
+    """
+
+    def __init__(self, device=""):
+        super().__init__()
+        self._names = None
+
+    def on_epoch_end(self, epoch, logs=None):
+        _sync.join_once(self.model, epoch)
+        if logs is None or processes.size() == 1:
+            return
+        names = sorted(k for k, v in logs.items() if np.ndim(v) == 0 and _is_number(v))
+        if names != self._names:
+            everyone = collectives.allgather_object(names)
+            if any(theirs != names for theirs in everyone):
+                raise ValueError(
+                    "MetricAverageCallback: ranks report different metrics "
+                    f"({everyone}); every rank must compile the same metrics.")
+            self._names = names
+        values = np.array([float(logs[k]) for k in names], dtype=np.float64)
+        averaged = collectives.allreduce(values)
+        for name, value in zip(names, averaged):
+            logs[name] = float(value)
+
+
+def _is_number(value):
+    try:
+        float(value)
+    except (TypeError, ValueError):
+        return False
+    return True

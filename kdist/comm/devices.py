@@ -1,0 +1,58 @@
+"""Per-rank compute resources: CPU threads and one accelerator per local rank."""
+
+import logging
+import os
+
+logger = logging.getLogger(__name__)
+
+# Variables through which a user already chose TensorFlow's thread counts.
+_THREAD_VARIABLES = ("TF_NUM_INTRAOP_THREADS", "OMP_NUM_THREADS")
+
+
+def cores_on_node():
+    """CPU cores this node offers the job (all of them, not this rank's binding)."""
+    return os.cpu_count() or 1
+
+
+def intra_op_threads(local_size, environ=None):
+    """Threads one rank should use so that the ranks on a node share its cores."""
+    environ = os.environ if environ is None else environ
+    for name in _THREAD_VARIABLES:
+        if environ.get(name, "").strip().isdigit() and int(environ[name]) > 0:
+            return int(environ[name])
+    return max(1, cores_on_node() // max(1, local_size))
+
+
+def configure(local_rank, local_size):
+    """Gives this rank its share of the node's cores and its own GPU, if any."""
+    import tensorflow as tf
+
+    if local_size > 1 or any(name in os.environ for name in _THREAD_VARIABLES):
+        threads = intra_op_threads(local_size)
+        try:
+            if tf.config.threading.get_intra_op_parallelism_threads() == 0:
+                tf.config.threading.set_intra_op_parallelism_threads(threads)
+            if tf.config.threading.get_inter_op_parallelism_threads() == 0:
+                tf.config.threading.set_inter_op_parallelism_threads(min(2, threads))
+            logger.debug("using %d intra-op threads per rank", threads)
+        except RuntimeError:
+            logger.warning(
+                "TensorFlow was already running when kdist.init() was called, so kdist "
+                "could not give each of the %d ranks on this node its share of the cores. "
+                "Call kdist.init() before building models.", local_size)
+    try:
+        gpus = tf.config.list_physical_devices("GPU")
+    except RuntimeError:
+        return
+    if not gpus:
+        return
+    try:
+        if local_size > 1:
+            mine = gpus[local_rank % len(gpus)]
+            tf.config.set_visible_devices(mine, "GPU")
+            gpus = [mine]
+        for gpu in gpus:
+            tf.config.experimental.set_memory_growth(gpu, True)
+    except RuntimeError:
+        logger.warning("TensorFlow already started on its devices; kdist could not pin "
+                       "local rank %d to one GPU. Call kdist.init() first.", local_rank)

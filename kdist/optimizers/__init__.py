@@ -1,0 +1,3 @@
+"""Optimizers for distributed training: gradient averaging across ranks."""
+
+from kdist.optimizers.distributed import AllreduceOptimizer, DistributedOptimizer

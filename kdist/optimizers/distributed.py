@@ -1,0 +1,254 @@
+"""An optimizer that averages gradients across ranks before applying them."""
+
+import functools
+import logging
+
+import keras
+import numpy as np
+from keras import ops
+
+from kdist.comm import compression as compression_lib
+from kdist.comm import fusion
+from kdist.comm import processes
+
+logger = logging.getLogger(__name__)
+
+
+@keras.saving.register_keras_serializable(package="kdist")
+class AllreduceOptimizer(keras.optimizers.Optimizer):
+    """Wraps a Keras optimizer so that every rank applies the same averaged gradient.
+
+    Gradients are packed into buckets (one collective per bucket, one bucket
+    for most models) and averaged over the ranks before the wrapped optimizer
+    applies them, so all ranks keep identical weights. Most users reach this
+    class through `kdist.DistributedOptimizer`, Horovod's name for it.
+
+    Args:
+        optimizer: the `keras.optimizers.Optimizer` to wrap.
+        compression: `kdist.Compression.none` (default), `.fp16` or `.topk(ratio)`.
+        backward_passes_per_step: accumulate this many local gradients before
+            each allreduce and update.
+        average_aggregated_gradients: with `backward_passes_per_step > 1`,
+            divide the accumulated gradient by that number.
+        bucket_bytes: most bytes of gradient per collective.
+        num_groups: if positive, split the gradients into about this many
+            collectives of equal size instead (overrides `bucket_bytes`).
+        name: the optimizer's name.
+
+    Example:
+
+    >>> import keras, kdist
+    >>> opt = kdist.optimizers.AllreduceOptimizer(keras.optimizers.Adam(1e-3))
+    >>> opt.learning_rate.numpy().item() == keras.ops.convert_to_numpy(
+    ...     opt.inner_optimizer.learning_rate).item()
+    True
+    """
+
+    def __init__(self, optimizer, compression=None, backward_passes_per_step=1,
+                 average_aggregated_gradients=False, bucket_bytes=fusion.DEFAULT_BUCKET_BYTES,
+                 num_groups=0, name=None, comm=None, **kwargs):
+        if isinstance(optimizer, str) or isinstance(optimizer, dict):
+            optimizer = keras.optimizers.get(optimizer)
+        if not isinstance(optimizer, keras.optimizers.Optimizer):
+            raise TypeError(
+                "DistributedOptimizer wraps a Keras 3 optimizer (keras.optimizers.Optimizer); "
+                f"got {type(optimizer).__name__}. A tf_keras or Keras 2 optimizer cannot be "
+                "used with Keras 3 models.")
+        if isinstance(optimizer, AllreduceOptimizer):
+            raise ValueError("This optimizer already averages gradients across ranks; "
+                             "wrap the plain optimizer once.")
+        if int(backward_passes_per_step) < 1:
+            raise ValueError("backward_passes_per_step must be at least 1; "
+                             f"got {backward_passes_per_step}.")
+        if kwargs:
+            raise TypeError(f"Unexpected arguments: {sorted(kwargs)}.")
+        super().__init__(learning_rate=0.0, name=name or f"distributed_{optimizer.name}")
+        self.inner_optimizer = optimizer
+        self.compression = compression_lib.get(compression)
+        self.backward_passes_per_step = int(backward_passes_per_step)
+        self.average_aggregated_gradients = bool(average_aggregated_gradients)
+        self.bucket_bytes = int(bucket_bytes)
+        self.num_groups = int(num_groups or 0)
+        if self.num_groups < 0:
+            raise ValueError(f"num_groups must be 0 or positive; got {num_groups}.")
+        self._comm = comm
+        self._reducer = None
+        self._buckets = None
+        self.loss_scale_agreed = False
+
+    @property
+    def comm(self):
+        return self._comm if self._comm is not None else processes.world()
+
+    def build(self, var_list):
+        policy = keras.config.dtype_policy()
+        if policy.name == "mixed_float16" and not self.loss_scale_agreed and self.comm.size > 1:
+            raise ValueError(
+                "The dtype policy is mixed_float16 but this DistributedOptimizer was created "
+                "before it was set, so Keras would check for overflow on each rank alone and "
+                "ranks could disagree about skipping a step. Call "
+                "kdist.precision.enable('mixed_float16') before kdist.DistributedOptimizer(...).")
+        if self.backward_passes_per_step > 1:
+            self._accumulators = [
+                self.add_variable_from_reference(v, name="gradient_accumulator")
+                for v in var_list
+            ]
+            self._passes = self.add_variable(
+                shape=(), dtype="int32", initializer="zeros", aggregation="none",
+                name="backward_passes")
+        self.inner_optimizer.build(var_list)
+        super().build(var_list)
+
+    @property
+    def variables(self):
+        return self._variables + self.inner_optimizer.variables
+
+    @property
+    def iterations(self):
+        return self.inner_optimizer.iterations
+
+    @property
+    def learning_rate(self):
+        return self.inner_optimizer.learning_rate
+
+    @learning_rate.setter
+    def learning_rate(self, learning_rate):
+        self.inner_optimizer.learning_rate = learning_rate
+
+    def scale_loss(self, loss):
+        return self.inner_optimizer.scale_loss(loss)
+
+    def finalize_variable_values(self, var_list):
+        self.inner_optimizer.finalize_variable_values(var_list)
+
+    def apply(self, grads, trainable_variables=None):
+        if not self.built:
+            with keras.name_scope(self.name, caller=self):
+                self.build(trainable_variables or self._trainable_variables)
+            self.built = True
+        grads = list(grads)
+        if self.backward_passes_per_step == 1:
+            self.inner_optimizer.apply(self.allreduce_gradients(grads), trainable_variables)
+            return
+        for accumulator, g in zip(self._accumulators, grads):
+            if g is not None:
+                accumulator.assign_add(ops.cast(_dense(g), accumulator.dtype))
+        self._passes.assign_add(1)
+
+        def update():
+            scale = 1.0 / self.backward_passes_per_step if self.average_aggregated_gradients else 1.0
+            summed = [None if g is None else ops.multiply(a, scale)
+                      for a, g in zip(self._accumulators, grads)]
+            self.inner_optimizer.apply(self.allreduce_gradients(summed), trainable_variables)
+            for accumulator in self._accumulators:
+                accumulator.assign(ops.zeros_like(accumulator))
+            self._passes.assign(0)
+
+        ops.cond(ops.equal(self._passes, self.backward_passes_per_step), update, lambda: None)
+
+    def allreduce_gradients(self, grads):
+        """Returns the gradients averaged over all ranks (None entries stay None)."""
+        comm = self.comm
+        if comm.size == 1:
+            return grads
+        import tensorflow as tf
+
+        present = [i for i, g in enumerate(grads) if g is not None]
+        dense = [_dense(grads[i]) for i in present]
+        sizes = [int(np.prod(g.shape)) for g in dense]
+        if self._reducer is None:
+            self._reducer = fusion.FusedReducer(comm, self.compression)
+            bucket_bytes = self.bucket_bytes
+            if self.num_groups:
+                bucket_bytes = max(1, -(-4 * sum(sizes) // self.num_groups))
+            self._buckets = fusion.plan_buckets(sizes, bucket_bytes)
+            logger.debug("%s: %d gradients in %d bucket(s), %.1f MB", self.name, len(sizes),
+                         len(self._buckets), 4e-6 * sum(sizes))
+        reduced = list(grads)
+        for bucket, (start, stop) in enumerate(self._buckets):
+            members = dense[start:stop]
+            flat = tf.numpy_function(functools.partial(_reduce_bucket, self._reducer, bucket),
+                                     members, tf.float32, stateful=True,
+                                     name="kdist_fused_allreduce")
+            flat.set_shape([sum(sizes[start:stop])])
+            parts = tf.split(flat, sizes[start:stop])
+            for index, part, g in zip(present[start:stop], parts, members):
+                reduced[index] = tf.cast(tf.reshape(part, g.shape), g.dtype)
+        return reduced
+
+    def get_config(self):
+        return {
+            "name": self.name,
+            "optimizer": keras.saving.serialize_keras_object(self.inner_optimizer),
+            "compression": self.compression.get_config(),
+            "backward_passes_per_step": self.backward_passes_per_step,
+            "average_aggregated_gradients": self.average_aggregated_gradients,
+            "bucket_bytes": self.bucket_bytes,
+            "num_groups": self.num_groups,
+        }
+
+    @classmethod
+    def from_config(cls, config, custom_objects=None):
+        config = dict(config)
+        config["optimizer"] = keras.saving.deserialize_keras_object(
+            config["optimizer"], custom_objects=custom_objects)
+        return cls(**config)
+
+
+def _reduce_bucket(reducer, bucket, *arrays):
+    return reducer.reduce(bucket, arrays)
+
+
+def _dense(gradient):
+    import tensorflow as tf
+
+    if isinstance(gradient, tf.IndexedSlices):
+        return tf.convert_to_tensor(gradient)
+    return gradient
+
+
+def DistributedOptimizer(optimizer, name=None, compression=None, backward_passes_per_step=1,
+                         average_aggregated_gradients=False, sparse_as_dense=True,
+                         device_dense="", device_sparse="", gradient_predivide_factor=1.0,
+                         op=None, num_groups=0, groups=None, bucket_bytes=None, comm=None):
+    """Horovod's `DistributedOptimizer` for Keras 3: averages gradients over ranks.
+
+    Takes Horovod's arguments. Sparse gradients are always reduced as dense;
+    `device_dense`/`device_sparse` are accepted for compatibility (reduction
+    happens on the host); `gradient_predivide_factor` changes nothing in an
+    average computed in float32 and is accepted for compatibility.
+    `num_groups` splits the gradients into that many collectives.
+
+    Under the `mixed_float16` policy (see `kdist.precision.enable`) the result
+    also scales the loss, and whether gradients overflowed is decided by all
+    ranks together, so every rank skips the same steps.
+
+    Example:
+
+    >>> import keras, kdist
+    >>> opt = kdist.DistributedOptimizer(keras.optimizers.Adam(1e-3),
+    ...                                  compression=kdist.Compression.fp16)
+    """
+    from kdist.comm.processes import Average, Sum
+
+    if op not in (None, Average):
+        raise ValueError(f"DistributedOptimizer averages gradients; op={op!r} is not supported."
+                         + (" Use op=kdist.Average." if op == Sum else ""))
+    if groups is not None:
+        raise ValueError("Explicit gradient `groups` are not supported; use num_groups=N or "
+                         "bucket_bytes=... to control how gradients are fused.")
+    if bucket_bytes is None:
+        bucket_bytes = fusion.DEFAULT_BUCKET_BYTES
+    from kdist import precision
+
+    inner_scaled = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
+    if inner_scaled:
+        # Ours must be the outer wrapper so that overflow is decided collectively.
+        optimizer = optimizer.inner_optimizer
+    wrapped = AllreduceOptimizer(
+        optimizer, compression=compression, backward_passes_per_step=backward_passes_per_step,
+        average_aggregated_gradients=average_aggregated_gradients, bucket_bytes=bucket_bytes,
+        num_groups=num_groups, name=name, comm=comm)
+    if inner_scaled or precision.loss_scaling_enabled():
+        return precision.LossScaleOptimizer(wrapped)
+    return wrapped

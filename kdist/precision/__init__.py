@@ -1,0 +1,3 @@
+"""Mixed precision with loss scaling that all ranks agree on."""
+
+from kdist.precision.policy import LossScaleOptimizer, enable, loss_scaling_enabled

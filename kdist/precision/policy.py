@@ -1,0 +1,103 @@
+"""Dtype policies and loss scaling agreed across ranks.
+
+Under `mixed_float16`, gradients can overflow. Keras's `LossScaleOptimizer`
+skips such a step and halves the loss scale, but it looks only at this rank's
+gradients: if one rank overflows and another does not, the first skips the
+step while the second waits in the gradient allreduce for ever. kdist's
+`LossScaleOptimizer` makes that decision collectively (the minimum over ranks
+of "all my gradients are finite"), so every rank skips the same steps and
+halves its scale together.
+"""
+
+import logging
+
+import keras
+from keras import ops
+
+from kdist.comm import processes
+
+logger = logging.getLogger(__name__)
+
+POLICIES = ("mixed_float16", "mixed_bfloat16", "float32")
+
+_DESCRIPTIONS = {
+    "mixed_float16": "layers compute in float16 and keep float32 variables; the loss is "
+                     "scaled dynamically and overflow is decided by all ranks together",
+    "mixed_bfloat16": "layers compute in bfloat16 and keep float32 variables; no loss "
+                      "scaling is needed",
+    "float32": "layers compute and keep variables in float32",
+}
+
+
+def enable(policy="mixed_float16"):
+    """Sets Keras's global dtype policy and says what it did.
+
+    Call it before building models and before creating a
+    `kdist.DistributedOptimizer`, which then also scales the loss.
+
+    Args:
+        policy: "mixed_float16", "mixed_bfloat16" or "float32".
+
+    Returns:
+        the `keras.DTypePolicy` now in force.
+
+    Example:
+
+    >>> import kdist
+    >>> kdist.precision.enable("mixed_bfloat16").name
+    'mixed_bfloat16'
+    >>> kdist.precision.enable("float32").name
+    'float32'
+    """
+    if policy not in POLICIES:
+        raise ValueError(f"Unknown precision policy {policy!r}; use one of {POLICIES}.")
+    keras.mixed_precision.set_global_policy(policy)
+    logger.info("dtype policy %s: %s", policy, _DESCRIPTIONS[policy])
+    if policy == "mixed_float16":
+        import tensorflow as tf
+
+        try:
+            has_gpu = bool(tf.config.list_physical_devices("GPU"))
+        except RuntimeError:
+            has_gpu = True
+        if not has_gpu:
+            logger.warning("mixed_float16 runs on this CPU but is slower than float32 here; "
+                           "it pays off on GPUs with float16 units.")
+    return keras.mixed_precision.global_policy()
+
+
+def loss_scaling_enabled():
+    """True when the global policy needs loss scaling (mixed_float16)."""
+    return keras.config.dtype_policy().name == "mixed_float16"
+
+
+@keras.saving.register_keras_serializable(package="kdist")
+class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
+    """Keras's dynamic loss scaling, with overflow decided by all ranks together.
+
+    Example:
+
+    >>> import keras, kdist
+    >>> opt = kdist.precision.LossScaleOptimizer(keras.optimizers.SGD(0.1))
+    >>> opt.initial_scale
+    32768.0
+    """
+
+    def __init__(self, inner_optimizer, initial_scale=2.0**15, dynamic_growth_steps=2000,
+                 name=None, **kwargs):
+        super().__init__(inner_optimizer, initial_scale=initial_scale,
+                         dynamic_growth_steps=dynamic_growth_steps, name=name, **kwargs)
+        inner_optimizer.loss_scale_agreed = True
+
+    def check_finite(self, grads):
+        finite = super().check_finite(grads)
+        comm = getattr(self.inner_optimizer, "comm", None) or processes.world()
+        if comm.size == 1:
+            return finite
+        from kdist.comm import collectives
+        from kdist.comm.processes import Min
+
+        agreed = collectives.allreduce(ops.cast(finite, "float32"), op=Min, comm=comm,
+                                       name="kdist_agree_finite")
+        return ops.greater(agreed, 0.5)
+
