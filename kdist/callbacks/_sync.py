@@ -1,6 +1,6 @@
 """Keeps ranks in step at epoch boundaries, whatever order callbacks run in."""
 
-from kdist.comm import fusion
+from kdist.comm import collectives, fusion
 from kdist.comm import processes
 
 _joined = {}
@@ -13,14 +13,19 @@ def join_once(model, epoch):
     there lets it feed zeros into the other ranks' remaining gradient steps
     instead of starting a collective they are not ready for. Every kdist
     callback with an epoch-end collective calls this first; the first call in
-    an epoch does the work.
+    an epoch does the work. Ranks that fed zeros missed updates, so the
+    model and optimizer state are then copied from the rank that joined last.
     """
     if processes.size() == 1:
         return
     key = id(model)
     if _joined.get(key) == epoch:
         return
-    fusion.join()
+    last, anyone_fell_behind = fusion.join_and_tell()
+    if anyone_fell_behind:
+        from kdist.callbacks.broadcast import model_state
+
+        collectives.broadcast_variables(model_state(model), root_rank=last)
     _joined[key] = epoch
 
 

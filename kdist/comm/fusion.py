@@ -145,11 +145,18 @@ def join(comm=None):
     A rank with fewer batches calls `join()` when it runs out; it then takes
     part in the other ranks' gradient allreduces with zero gradients (they
     average over the ranks that really contributed) until every rank has
-    joined. Returns the rank that joined last.
+    joined. Returns the rank that joined last. The ranks that joined early
+    missed updates: copy the model from the returned rank (kdist's callbacks
+    do this for you at the end of each epoch).
     """
+    return join_and_tell(comm)[0]
+
+
+def join_and_tell(comm=None):
+    """`join()`, also saying whether any rank had to feed zeros (and so fell behind)."""
     comm = comm if comm is not None else processes.world()
     if comm.size == 1:
-        return comm.rank
+        return comm.rank, False
     with _reducers_lock:
         reducers = [r for r in _reducers if r.comm is comm]
     rounds = 0
@@ -170,4 +177,4 @@ def join(comm=None):
     last = max(r for r, n in enumerate(joined_rounds) if n == fewest)
     if rounds > 1:
         logger.debug("join: fed zeros for %d rounds; rank %d joined last", rounds - 1, last)
-    return last
+    return last, max(joined_rounds) > 1

@@ -112,9 +112,9 @@ class Communicator:
 
     def allgather_rows(self, array):
         """Concatenates arrays along axis 0; the first dimension may differ by rank."""
-        array = np.ascontiguousarray(array)
-        if array.ndim == 0:
+        if np.ndim(array) == 0:
             raise ValueError("allgather needs arrays of at least one dimension; got a scalar.")
+        array = np.ascontiguousarray(array)
         if self._comm is None:
             return array.copy()
         shapes = self.allgather_object((array.shape, array.dtype.str))

@@ -51,6 +51,7 @@ def enable(policy="mixed_float16"):
     """
     if policy not in POLICIES:
         raise ValueError(f"Unknown precision policy {policy!r}; use one of {POLICIES}.")
+    processes.init()
     keras.mixed_precision.set_global_policy(policy)
     logger.info("dtype policy %s: %s", policy, _DESCRIPTIONS[policy])
     if policy == "mixed_float16":
@@ -61,7 +62,7 @@ def enable(policy="mixed_float16"):
         except RuntimeError:
             has_gpu = True
         if not has_gpu:
-            logger.warning("mixed_float16 runs on this CPU but is slower than float32 here; "
+            logger.info("mixed_float16 runs on this CPU but is slower than float32 here; "
                            "it pays off on GPUs with float16 units.")
     return keras.mixed_precision.global_policy()
 

@@ -1,0 +1,117 @@
+"""Shared fixtures. Multi-process tests launch real `mpiexec` jobs through `mpirun`."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from dataclasses import dataclass
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKERS = os.path.join(HERE, "workers")
+
+
+@dataclass
+class MPIResult:
+    returncode: int
+    output: str
+    results: dict  # rank -> JSON object the rank wrote with workers.common.report()
+
+    def rank(self, r):
+        return self.results[r]
+
+
+def _mpiexec():
+    from kdist.cli import find_mpiexec
+
+    try:
+        import mpi4py  # noqa: F401
+    except ImportError:
+        return None
+    return find_mpiexec()
+
+
+@pytest.fixture(scope="session")
+def mpiexec_path():
+    path = _mpiexec()
+    if path is None:
+        pytest.skip("needs mpi4py and mpiexec (pip install 'kdist[mpi]')")
+    return path
+
+
+@pytest.fixture
+def mpirun(mpiexec_path, tmp_path):
+    """Runs a Python script on N ranks with a hard timeout and collects each rank's report.
+
+    `script` is a path under tests/workers/ or a string of code. Each rank may
+    call `workers.common.report(obj)` to hand a JSON object back; the test
+    gets them as `result.results[rank]`. A job that outlives `timeout` is
+    killed and the test fails with its output, so a hang can never stall CI.
+    """
+    from kdist.cli import mpiexec_command
+
+    def run(script, n=2, args=(), timeout=180, check=True, env=None):
+        if "\n" in script or not script.endswith(".py"):
+            path = tmp_path / f"script_{abs(hash(script))}.py"
+            path.write_text(textwrap.dedent(script))
+            script = str(path)
+        elif not os.path.isabs(script):
+            script = os.path.join(WORKERS, script)
+        report_dir = tmp_path / f"reports_{abs(hash((script, tuple(args))))}"
+        report_dir.mkdir(exist_ok=True)
+        command = [sys.executable, "-u", script] + [str(a) for a in args]
+        argv, full_env = mpiexec_command(n, command, mpiexec=mpiexec_path)
+        full_env.update({
+            "PYTHONPATH": os.pathsep.join([HERE, full_env.get("PYTHONPATH", "")]),
+            "KDIST_TEST_REPORTS": str(report_dir),
+            "TF_CPP_MIN_LOG_LEVEL": "3",
+            "PYTHONUNBUFFERED": "1",
+        })
+        full_env.update(env or {})
+        try:
+            done = subprocess.run(argv, env=full_env, stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired as error:
+            out = error.output or ""
+            if isinstance(out, bytes):
+                out = out.decode(errors="replace")
+            pytest.fail(f"mpiexec job did not finish within {timeout} s:\n{out[-6000:]}")
+        results = {}
+        for name in os.listdir(report_dir):
+            if name.startswith("rank-") and name.endswith(".json"):
+                with open(report_dir / name) as f:
+                    results[int(name[5:-5])] = json.load(f)
+        result = MPIResult(done.returncode, done.stdout, results)
+        if check and done.returncode != 0:
+            pytest.fail(f"mpiexec job failed with exit code {done.returncode}:\n"
+                        f"{done.stdout[-6000:]}")
+        return result
+
+    return run
+
+
+@pytest.fixture
+def python_run(tmp_path):
+    """Runs a worker script in a fresh single Python process (no MPI launcher)."""
+
+    def run(script, args=(), timeout=180):
+        report_dir = tmp_path / f"single_{abs(hash((script, tuple(args))))}"
+        report_dir.mkdir(exist_ok=True)
+        env = dict(os.environ)
+        for name in list(env):
+            if name.startswith(("OMPI_", "PMIX_", "PMI_")):
+                env.pop(name)
+        env.update({"PYTHONPATH": os.pathsep.join([HERE, env.get("PYTHONPATH", "")]),
+                    "KDIST_TEST_REPORTS": str(report_dir), "TF_CPP_MIN_LOG_LEVEL": "3"})
+        path = script if os.path.isabs(script) else os.path.join(WORKERS, script)
+        done = subprocess.run([sys.executable, "-u", path] + [str(a) for a in args], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              timeout=timeout)
+        if done.returncode != 0:
+            pytest.fail(f"{script} failed:\n{done.stdout[-6000:]}")
+        with open(report_dir / "rank-0.json") as f:
+            return json.load(f)
+
+    return run

@@ -1,0 +1,54 @@
+"""Exercises every collective on numpy arrays and tensors, eager and in tf.function."""
+
+import numpy as np
+import tensorflow as tf
+
+import kdist
+from common import report
+
+kdist.init()
+kdist.init()  # idempotent
+r, n = kdist.rank(), kdist.size()
+out = {"rank": r, "size": n, "local_rank": kdist.local_rank(), "local_size": kdist.local_size(),
+       "cross_rank": kdist.cross_rank(), "cross_size": kdist.cross_size()}
+
+value = np.array([r + 1.0, 10.0 * (r + 1)])
+for name, op in [("average", kdist.Average), ("sum", kdist.Sum), ("min", kdist.Min),
+                 ("max", kdist.Max), ("product", kdist.Product)]:
+    out[f"np_{name}"] = kdist.allreduce(value, op=op).tolist()
+out["np_sum_via_average_false"] = kdist.allreduce(value, average=False).tolist()
+out["int_sum"] = kdist.allreduce(np.array([r, 1], dtype=np.int64), op=kdist.Sum).tolist()
+out["tf_eager_average"] = kdist.allreduce(tf.constant(value, tf.float32)).numpy().tolist()
+
+
+@tf.function
+def graph_collectives(t):
+    return (kdist.allreduce(t, op=kdist.Sum), kdist.broadcast(t, root_rank=n - 1),
+            kdist.allgather(t[: r + 1]))
+
+
+summed, broadcast, gathered = graph_collectives(tf.constant(value, tf.float32))
+out["tf_graph_sum"] = summed.numpy().tolist()
+out["tf_graph_broadcast"] = broadcast.numpy().tolist()
+out["tf_graph_allgather"] = gathered.numpy().tolist()
+out["np_broadcast"] = kdist.broadcast(np.full(3, float(r)), root_rank=1).tolist()
+out["np_allgather_uneven"] = kdist.allgather(np.full((r + 1, 2), r, dtype=np.int32)).tolist()
+out["object_allgather"] = kdist.allgather_object({"rank": r})
+out["object_broadcast"] = kdist.broadcast_object(f"from {r}", root_rank=0)
+
+# A sub-communicator: even and odd ranks.
+sub = kdist.comm.world().split(color=r % 2)
+out["sub_size"] = sub.size
+out["sub_sum"] = kdist.allreduce(np.array([float(r)]), op=kdist.Sum, comm=sub).tolist()
+
+# Variables: different values become the root's.
+var = tf.Variable(np.full((2, 3), float(r), dtype=np.float32))
+kdist.broadcast_variables([var], root_rank=0)
+out["variable_after_broadcast"] = var.numpy().tolist()
+
+try:
+    kdist.allgather(np.zeros((1, r + 1)))
+except ValueError as error:
+    out["allgather_error"] = str(error)
+out["last_joined"] = kdist.join()
+report(out)

@@ -1,0 +1,43 @@
+"""Helpers for scripts that tests run on several ranks."""
+
+import json
+import os
+
+import numpy as np
+
+
+def report(obj):
+    """Hands a JSON object back to the test that launched this rank."""
+    import kdist
+
+    directory = os.environ["KDIST_TEST_REPORTS"]
+    path = os.path.join(directory, f"rank-{kdist.rank()}.json")
+    with open(path + ".tmp", "w") as f:
+        json.dump(obj, f)
+    os.replace(path + ".tmp", path)
+
+
+def flat_weights(model):
+    return np.concatenate([np.asarray(w, dtype=np.float64).reshape(-1)
+                           for w in model.get_weights()]).tolist()
+
+
+def small_model(seed=0, inputs=12, classes=4):
+    import keras
+
+    keras.utils.set_random_seed(seed)
+    return keras.Sequential([
+        keras.Input((inputs,)),
+        keras.layers.Dense(32, activation="tanh"),
+        keras.layers.Dense(16, activation="tanh"),
+        keras.layers.Dense(classes),
+    ])
+
+
+def global_batches(steps, global_batch, inputs=12, classes=4, seed=7):
+    """The same data on every rank: `steps` batches of `global_batch` rows."""
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(steps, global_batch, inputs)).astype("float32")
+    w = rng.normal(size=(inputs, classes))
+    y = np.argmax(x @ w + 0.5 * rng.normal(size=(steps, global_batch, classes)), axis=-1)
+    return x, y.astype("int64")
