@@ -1,0 +1,60 @@
+"""The kdist command line: run, info."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from kdist import cli
+
+
+def kdist_cli(*args, timeout=120):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    return subprocess.run([sys.executable, "-m", "kdist.cli", *args], capture_output=True,
+                          text=True, timeout=timeout, env=env)
+
+
+def test_mpiexec_command_adds_what_the_machine_needs(mpiexec_path):
+    argv, env = cli.mpiexec_command(64, ["python", "x.py"], mpiexec=mpiexec_path)
+    assert argv[:3] == [mpiexec_path, "-n", "64"] and argv[-2:] == ["python", "x.py"]
+    assert "--oversubscribe" in argv  # more ranks than cores
+    with pytest.raises(ValueError, match="at least 1"):
+        cli.mpiexec_command(0, ["true"], mpiexec=mpiexec_path)
+
+
+def test_info_reports_versions_and_ranks():
+    done = kdist_cli("info", "--json")
+    assert done.returncode == 0, done.stderr
+    info = json.loads(done.stdout)
+    assert info["size"] == 1 and info["rank"] == 0
+    assert info["tensorflow"] and info["keras"].startswith("3.")
+    assert info["strategy"] == "single process"
+
+
+@pytest.mark.mpi
+def test_run_prefixes_each_rank_and_reports_info(mpiexec_path):
+    done = kdist_cli("run", "-n", "2", "--", sys.executable, "-m", "kdist.cli", "info")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "[0]" in done.stdout
+    assert "size: 2" in done.stdout and "rank 1:" in done.stdout
+
+
+@pytest.mark.mpi
+def test_run_fails_when_any_rank_fails(mpiexec_path, tmp_path):
+    script = tmp_path / "fail_on_one.py"
+    script.write_text("import os, sys\n"
+                      "rank = int(os.environ.get('OMPI_COMM_WORLD_RANK', 0))\n"
+                      "print('hello from', rank)\n"
+                      "sys.exit(3 if rank == 1 else 0)\n")
+    done = kdist_cli("run", "-n", "2", str(script))
+    assert done.returncode != 0
+    assert "[0] hello from 0" in done.stdout and "[1] hello from 1" in done.stdout
+
+
+def test_run_explains_a_missing_script():
+    done = kdist_cli("run", "-n", "2", "no_such_script.py")
+    assert done.returncode != 0 and "no such script" in done.stderr
+    done = kdist_cli("run", "-n", "2")
+    assert done.returncode != 0 and "give a script" in done.stderr
