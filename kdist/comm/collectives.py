@@ -36,6 +36,9 @@ def _numpy_allreduce(array, op, comm, prescale_factor, postscale_factor):
     out = np.array(array, copy=True, order="C")
     if out.dtype.kind not in "fiub":
         raise TypeError(f"allreduce supports numeric arrays; got dtype {out.dtype}.")
+    if op == Average and out.dtype.kind != "f":
+        raise TypeError(f"Averaging needs a floating array; got {out.dtype}. "
+                        "Use op=kdist.Sum or convert to float first.")
     if prescale_factor != 1.0:
         out = out * prescale_factor
     comm.allreduce_(out, op=op)

@@ -1,13 +1,15 @@
 """Gradient compression: how a fused float32 buffer is summed across ranks.
 
-Every compressor sums a flat float32 buffer in place. The buffer's last element
-is a participation count (1 from a rank that is training, 0 from a rank that
-has joined); compressors must sum it exactly so that the average divides by
-the number of ranks that really contributed.
+Every compressor sums a flat float32 send buffer over the ranks into a result
+buffer. The buffer's last element is a participation count (1 from a rank that
+is training, 0 from a rank that has joined); compressors must sum it exactly so
+that the average divides by the number of ranks that really contributed.
+Values arrive already divided by the number of ranks when averaging, which
+also keeps float16 sums in range.
 
 - `Compression.none`: plain float32 allreduce.
-- `Compression.fp16`: values are pre-divided by the number of ranks, sent as
-  float16 (half the bytes), summed in float16 and restored to float32.
+- `Compression.fp16`: values are sent as float16 (half the bytes), summed in
+  float16 and restored to float32.
 - `Compression.topk(ratio)`: each rank sends only its largest `ratio` fraction
   of entries (indices and values); what it leaves out is kept as a residual
   and added to its next gradient (error feedback), so nothing is lost, only
@@ -22,8 +24,12 @@ class Compressor:
 
     name = "none"
 
-    def sum_(self, comm, buffer, key=None):
-        """Sums `buffer` (float32, last element a count) over `comm`, in place."""
+    def sum_(self, comm, send, recv, key=None):
+        """Sums `send` (float32, last element a count) over `comm` into `recv`.
+
+        `key` names the buffer for compressors that keep state between steps;
+        None means "keep no state" (a joined rank's zeros).
+        """
         raise NotImplementedError
 
     def get_config(self):
@@ -36,8 +42,8 @@ class Compressor:
 class NoneCompressor(Compressor):
     name = "none"
 
-    def sum_(self, comm, buffer, key=None):
-        return comm.allreduce_(buffer)
+    def sum_(self, comm, send, recv, key=None):
+        return comm.allreduce_into(send, recv)
 
 
 _FP16_SUM = None
@@ -60,20 +66,14 @@ def _fp16_sum_op():
 class FP16Compressor(Compressor):
     name = "fp16"
 
-    def sum_(self, comm, buffer, key=None):
-        if comm.size == 1:
-            return buffer
-        from mpi4py import MPI
+    def sum_(self, comm, send, recv, key=None):
+        half = send.astype(np.float16)
+        if comm.size > 1:
+            from mpi4py import MPI
 
-        # Pre-dividing keeps the float16 sum of N ranks inside float16's range.
-        scale = 1.0 / comm.size
-        half = np.empty(buffer.shape, dtype=np.float16)
-        np.multiply(buffer[:-1], scale, out=half[:-1], casting="unsafe")
-        half[-1] = buffer[-1]
-        comm.allreduce_op_(half.view(np.uint16), _fp16_sum_op(), MPI.UINT16_T)
-        np.multiply(half[:-1], comm.size, out=buffer[:-1], casting="unsafe")
-        buffer[-1] = half[-1]
-        return buffer
+            comm.allreduce_op_(half.view(np.uint16), _fp16_sum_op(), MPI.UINT16_T)
+        np.copyto(recv, half, casting="unsafe")
+        return recv
 
 
 class TopKCompressor(Compressor):
@@ -103,13 +103,13 @@ class TopKCompressor(Compressor):
         """The error-feedback residual kept for buffer `key` (None before first use)."""
         return self._residuals.get(key)
 
-    def sum_(self, comm, buffer, key=None):
-        values = buffer[:-1]
+    def sum_(self, comm, send, recv, key=None):
+        values = send[:-1]
         if key is not None:
             residual = self._residuals.get(key)
             if residual is None or residual.shape != values.shape:
                 residual = self._residuals[key] = np.zeros_like(values)
-            values += residual
+            values = values + residual
         n = values.shape[0]
         k = max(1, int(round(self.ratio * n)))
         if k >= n:
@@ -120,14 +120,18 @@ class TopKCompressor(Compressor):
         message[:-1, 0] = chosen
         message[:-1, 1] = values[chosen].view(np.int32)
         message[-1, 0] = n
-        message[-1, 1] = buffer[-1:].view(np.int32)[0]
+        message[-1, 1] = send[-1:].view(np.int32)[0]
         if key is not None:
             residual[...] = values
             residual[chosen] = 0.0
+            if not np.isfinite(residual).all():
+                # An overflowing step is skipped; carrying its inf/NaN on would
+                # make every later step overflow too.
+                residual[...] = 0.0
         everyone = comm.allgather_rows(message)
-        buffer[...] = 0.0
-        np.add.at(buffer, everyone[:, 0], everyone[:, 1].view(np.float32))
-        return buffer
+        recv[...] = 0.0
+        np.add.at(recv, everyone[:, 0], everyone[:, 1].view(np.float32))
+        return recv
 
     def get_config(self):
         return {"name": self.name, "ratio": self.ratio}

@@ -14,21 +14,42 @@ def cores_on_node():
     return os.cpu_count() or 1
 
 
-def intra_op_threads(local_size, environ=None):
-    """Threads one rank should use so that the ranks on a node share its cores."""
+def allowed_cores():
+    """The cores this process may run on (its binding, or the job's cpuset)."""
+    if hasattr(os, "sched_getaffinity"):
+        return sorted(os.sched_getaffinity(0))
+    return list(range(cores_on_node()))
+
+
+def intra_op_threads(local_core_sets, environ=None):
+    """Threads for one rank, given the cores each rank on this node may use.
+
+    Ranks bound to cores of their own use all of theirs; ranks that share a
+    set of cores (no binding, or a job's cpuset) split it evenly.
+
+    >>> intra_op_threads([[0, 1], [2, 3]], environ={})
+    2
+    >>> intra_op_threads([[0, 1, 2, 3], [0, 1, 2, 3]], environ={})
+    2
+    """
     environ = os.environ if environ is None else environ
     for name in _THREAD_VARIABLES:
         if environ.get(name, "").strip().isdigit() and int(environ[name]) > 0:
             return int(environ[name])
-    return max(1, cores_on_node() // max(1, local_size))
+    sets = [set(cores) for cores in local_core_sets]
+    union = set().union(*sets)
+    if sum(len(cores) for cores in sets) == len(union):
+        return max(1, min(len(cores) for cores in sets))
+    return max(1, len(union) // len(sets))
 
 
-def configure(local_rank, local_size):
+def configure(local):
     """Gives this rank its share of the node's cores and its own GPU, if any."""
     import tensorflow as tf
 
+    local_rank, local_size = local.rank, local.size
     if local_size > 1 or any(name in os.environ for name in _THREAD_VARIABLES):
-        threads = intra_op_threads(local_size)
+        threads = intra_op_threads(local.allgather_object(allowed_cores()))
         try:
             if tf.config.threading.get_intra_op_parallelism_threads() == 0:
                 tf.config.threading.set_intra_op_parallelism_threads(threads)

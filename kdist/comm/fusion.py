@@ -22,6 +22,7 @@ from kdist.comm import processes
 logger = logging.getLogger(__name__)
 
 DEFAULT_BUCKET_BYTES = 64 * 1024 * 1024
+DIRECT_BYTES = 256 * 1024
 
 _reducers = []  # every reducer that has reduced at least once, in order of first use
 _reducers_lock = threading.Lock()
@@ -72,58 +73,125 @@ def plan_buckets(sizes, bucket_bytes=DEFAULT_BUCKET_BYTES, itemsize=4):
     return buckets
 
 
+class _OutputRing:
+    """Aligned result buffers that TensorFlow can wrap without copying.
+
+    A py-function result that is a 64-byte-aligned numpy array becomes a
+    tensor without a copy; the tensor then holds a reference to the array
+    until it is freed. A buffer is reused only once nothing refers to it any
+    more, so a result can never change under a tensor that still uses it.
+    """
+
+    def __init__(self, items, slots=3):
+        self.items = items
+        self.slots = slots
+        self._entries = []  # [owner, float32 view, reference count when idle]
+
+    def take(self):
+        for entry in self._entries:
+            if sys.getrefcount(entry[0]) <= entry[2]:
+                return entry[1]
+        owner = np.empty(self.items * 4 + 64, dtype=np.uint8)
+        start = (-owner.ctypes.data) % 64
+        view = owner[start:start + self.items * 4].view(np.float32)
+        if len(self._entries) < self.slots:
+            entry = [owner, view, 0]
+            self._entries.append(entry)
+            del owner
+            entry[2] = sys.getrefcount(entry[0])
+        return view
+
+
 class FusedReducer:
     """Averages (or sums) lists of arrays across a communicator, bucket by bucket.
+
+    Small arrays of a bucket are packed (pre-divided by the number of ranks)
+    into one persistent send buffer and reduced with one collective; without
+    compression, float32 arrays of at least `direct_bytes` skip the packing
+    and are reduced straight from the caller's memory, since one more
+    collective costs less than copying them. Results land in aligned buffers
+    and come back as views shaped like the inputs.
 
     Args:
         comm: the `Communicator` to reduce over (the world by default).
         compression: a `Compression` mode.
         average: divide by the number of contributing ranks (else sum).
+        direct_bytes: arrays this large or larger are not packed (no compression only).
 
     Example:
 
     >>> import numpy as np
     >>> from kdist.comm.fusion import FusedReducer
     >>> reducer = FusedReducer()
-    >>> reducer.reduce(0, [np.ones((2, 2), np.float32), np.zeros(3, np.float32)]).shape
-    (7,)
+    >>> [a.shape for a in reducer.reduce(0, [np.ones((2, 2)), np.zeros(3)])]
+    [(2, 2), (3,)]
     """
 
-    def __init__(self, comm=None, compression=None, average=True):
+    def __init__(self, comm=None, compression=None, average=True, direct_bytes=DIRECT_BYTES):
         self.comm = comm if comm is not None else processes.world()
         self.compression = compression_lib.get(compression)
         self.average = average
+        self.direct_bytes = direct_bytes
         self.id = next(_ids)
-        self._buffers = {}
+        self._send = {}
+        self._rings = {}
+        self._layouts = {}
         self.reductions = 0
         _keep_large_buffers_in_heap()
 
-    def _buffer(self, bucket, items):
-        buffer = self._buffers.get(bucket)
-        if buffer is None or buffer.shape[0] != items + 1:
-            buffer = self._buffers[bucket] = np.empty(items + 1, dtype=np.float32)
-        return buffer
+    def _is_direct(self, a):
+        return (self.compression.name == "none" and a.dtype == np.float32
+                and a.nbytes >= self.direct_bytes and a.flags.c_contiguous)
+
+    def _ring(self, key, items):
+        ring = self._rings.get(key)
+        if ring is None or ring.items != items:
+            ring = self._rings[key] = _OutputRing(items)
+        return ring.take()
 
     def reduce(self, bucket, arrays):
-        """Reduces one bucket; returns the flat float32 result (a new array)."""
-        items = sum(int(a.size) for a in arrays)
-        buffer = self._buffer(bucket, items)
+        """Reduces one bucket of arrays; returns float32 arrays shaped like them."""
+        direct = [self._is_direct(a) for a in arrays]
+        packed_items = sum(int(a.size) for a, d in zip(arrays, direct) if not d)
+        send = self._send.get(bucket)
+        if send is None or send.shape[0] != packed_items + 1:
+            send = self._send[bucket] = np.empty(packed_items + 1, dtype=np.float32)
+        self._layouts[bucket] = [int(a.size) for a, d in zip(arrays, direct) if d]
+        recv = self._ring((bucket, "packed"), packed_items + 1)
+        size = self.comm.size
+        scale = 1.0 / size if self.average else 1.0
         offset = 0
-        for a in arrays:
+        for a, d in zip(arrays, direct):
+            if d:
+                continue
             n = int(a.size)
-            np.copyto(buffer[offset:offset + n], a.reshape(-1), casting="unsafe")
+            np.multiply(a.reshape(-1), scale, out=send[offset:offset + n], casting="unsafe")
             offset += n
-        buffer[-1] = 1.0
+        send[-1] = 1.0
         if self.reductions == 0:
             with _reducers_lock:
                 if self not in _reducers:
                     _reducers.append(self)
         self.reductions += 1
-        self.compression.sum_(self.comm, buffer, key=(self.id, bucket))
-        contributors = float(buffer[-1])
-        if self.average and contributors > 0:
-            return np.multiply(buffer[:-1], 1.0 / contributors)
-        return buffer[:-1].copy()
+        # The packed part goes first: its count says how many ranks contributed.
+        self.compression.sum_(self.comm, send, recv, key=(self.id, bucket))
+        contributors = float(recv[-1])
+        if self.average and 0 < contributors < size:
+            # Some ranks joined and sent zeros: average over those that trained.
+            np.multiply(recv[:-1], size / contributors, out=recv[:-1])
+        results, offset = [], 0
+        for i, (a, d) in enumerate(zip(arrays, direct)):
+            n = int(a.size)
+            if d:
+                out = self._ring((bucket, i), n)
+                self.comm.allreduce_into(a.reshape(-1), out)
+                if self.average and contributors > 0:
+                    np.multiply(out, 1.0 / contributors, out=out)
+                results.append(out.reshape(a.shape))
+            else:
+                results.append(recv[offset:offset + n].reshape(a.shape))
+                offset += n
+        return results
 
     def _feed_zeros(self):
         """Takes part in one round of this reducer's collectives with zeros.
@@ -131,11 +199,15 @@ class FusedReducer:
         Returns the number of ranks still training in that round.
         """
         still_training = 0.0
-        for bucket in sorted(self._buffers):
-            buffer = self._buffers[bucket]
-            buffer[...] = 0.0
-            self.compression.sum_(self.comm, buffer, key=None)
-            still_training = max(still_training, float(buffer[-1]))
+        for bucket in sorted(self._send):
+            send = self._send[bucket]
+            send[...] = 0.0
+            recv = np.empty_like(send)
+            self.compression.sum_(self.comm, send, recv, key=None)
+            still_training = max(still_training, float(recv[-1]))
+            for n in self._layouts[bucket]:
+                zeros = np.zeros(n, dtype=np.float32)
+                self.comm.allreduce_into(zeros, np.empty_like(zeros))
         return still_training
 
 

@@ -94,6 +94,17 @@ class Communicator:
             np.divide(array, self.size, out=array, casting="unsafe")
         return array
 
+    def allreduce_into(self, send, recv, op=Sum):
+        """Reduces contiguous `send` across the group into `recv` (same shape)."""
+        if self._comm is None:
+            np.copyto(recv, send)
+        else:
+            mpi = _mpi()
+            mpi_op = {Sum: mpi.SUM, Min: mpi.MIN, Max: mpi.MAX, Product: mpi.PROD}[op]
+            with self.lock, Deadline.guard("allreduce"):
+                self._comm.Allreduce(send, recv, op=mpi_op)
+        return recv
+
     def allreduce_op_(self, array, mpi_op, datatype):
         """In-place allreduce with a user-defined MPI operation and datatype."""
         if self._comm is None:
@@ -209,6 +220,11 @@ def init(comm=None):
     """
     with _state.lock:
         if _state.initialized:
+            if comm is not None:
+                raise ValueError(
+                    "kdist is already initialised (collectives, strategies and "
+                    "kdist.precision.enable start it implicitly), so init(comm=...) cannot "
+                    "change its world now. Call kdist.init(comm=...) first.")
             return
         mpi_comm = None
         if comm is not None or launched_by_mpi():
@@ -216,10 +232,17 @@ def init(comm=None):
             if comm is None:
                 mpi_comm = MPI.COMM_WORLD
             elif isinstance(comm, (list, tuple)):
+                # Every process of the job must take part in creating the group.
                 group = MPI.COMM_WORLD.Get_group().Incl(list(comm))
                 mpi_comm = MPI.COMM_WORLD.Create(group)
+                if mpi_comm == MPI.COMM_NULL:
+                    raise ValueError(
+                        f"This process (world rank {MPI.COMM_WORLD.Get_rank()}) is not in "
+                        f"the ranks {list(comm)} given to kdist.init(comm=...); only those "
+                        "processes may use kdist.")
             else:
                 mpi_comm = comm
+            _check_not_a_lonely_task(mpi_comm.Get_size())
         world = Communicator(mpi_comm)
         if mpi_comm is None:
             local = Communicator(None)
@@ -236,10 +259,25 @@ def init(comm=None):
     _configure_logging()
     from kdist.comm import devices
 
-    devices.configure(local_rank=local.rank, local_size=local.size)
+    devices.configure(local)
     if world.size > 1:
         logger.debug("kdist started: rank %d of %d (local %d of %d)",
                      world.rank, world.size, local.rank, local.size)
+
+
+def _check_not_a_lonely_task(world_size, environ=None):
+    """Fails when srun started several tasks but MPI sees each as a world of one.
+
+    That happens when srun's PMI plugin does not match the MPI library; the
+    tasks would then train separate models without a word.
+    """
+    environ = os.environ if environ is None else environ
+    tasks = int(environ.get("SLURM_STEP_NUM_TASKS", "1") or 1)
+    if "SLURM_STEP_ID" in environ and tasks > 1 and world_size == 1:
+        raise RuntimeError(
+            f"srun started {tasks} tasks but MPI sees a world of 1 on this one: srun's PMI "
+            "plugin does not match this MPI library. Run with `srun --mpi=pmix` (or the "
+            "plugin your site documents), or use `mpiexec` inside the allocation.")
 
 
 def shutdown():

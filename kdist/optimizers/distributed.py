@@ -1,5 +1,6 @@
 """An optimizer that averages gradients across ranks before applying them."""
 
+import contextlib
 import functools
 import logging
 
@@ -74,7 +75,20 @@ class AllreduceOptimizer(keras.optimizers.Optimizer):
         self._comm = comm
         self._reducer = None
         self._buckets = None
+        self._upstream = False
         self.loss_scale_agreed = False
+
+    # Read by kdist.precision.LossScaleOptimizer, which averages before it checks.
+    reduces_gradients = True
+
+    @contextlib.contextmanager
+    def reduced_upstream(self):
+        """While tracing inside it, `apply` takes gradients that are already averaged."""
+        self._upstream = True
+        try:
+            yield
+        finally:
+            self._upstream = False
 
     @property
     def comm(self):
@@ -127,8 +141,9 @@ class AllreduceOptimizer(keras.optimizers.Optimizer):
                 self.build(trainable_variables or self._trainable_variables)
             self.built = True
         grads = list(grads)
+        reduce = (lambda g: g) if self._upstream else self.allreduce_gradients
         if self.backward_passes_per_step == 1:
-            self.inner_optimizer.apply(self.allreduce_gradients(grads), trainable_variables)
+            self.inner_optimizer.apply(reduce(grads), trainable_variables)
             return
         for accumulator, g in zip(self._accumulators, grads):
             if g is not None:
@@ -139,7 +154,7 @@ class AllreduceOptimizer(keras.optimizers.Optimizer):
             scale = 1.0 / self.backward_passes_per_step if self.average_aggregated_gradients else 1.0
             summed = [None if g is None else ops.multiply(a, scale)
                       for a, g in zip(self._accumulators, grads)]
-            self.inner_optimizer.apply(self.allreduce_gradients(summed), trainable_variables)
+            self.inner_optimizer.apply(reduce(summed), trainable_variables)
             for accumulator in self._accumulators:
                 accumulator.assign(ops.zeros_like(accumulator))
             self._passes.assign(0)
@@ -167,13 +182,12 @@ class AllreduceOptimizer(keras.optimizers.Optimizer):
         reduced = list(grads)
         for bucket, (start, stop) in enumerate(self._buckets):
             members = dense[start:stop]
-            flat = tf.numpy_function(functools.partial(_reduce_bucket, self._reducer, bucket),
-                                     members, tf.float32, stateful=True,
-                                     name="kdist_fused_allreduce")
-            flat.set_shape([sum(sizes[start:stop])])
-            parts = tf.split(flat, sizes[start:stop])
-            for index, part, g in zip(present[start:stop], parts, members):
-                reduced[index] = tf.cast(tf.reshape(part, g.shape), g.dtype)
+            results = tf.numpy_function(
+                functools.partial(_reduce_bucket, self._reducer, bucket), members,
+                [tf.float32] * len(members), stateful=True, name="kdist_fused_allreduce")
+            for index, result, g in zip(present[start:stop], results, members):
+                result.set_shape(g.shape)
+                reduced[index] = result if g.dtype == tf.float32 else tf.cast(result, g.dtype)
         return reduced
 
     def get_config(self):
@@ -241,14 +255,18 @@ def DistributedOptimizer(optimizer, name=None, compression=None, backward_passes
         bucket_bytes = fusion.DEFAULT_BUCKET_BYTES
     from kdist import precision
 
+    scaling = {}
     inner_scaled = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
     if inner_scaled:
-        # Ours must be the outer wrapper so that overflow is decided collectively.
+        # Ours must be the outer wrapper so that overflow is decided collectively;
+        # the user's scale settings carry over.
+        scaling = {"initial_scale": optimizer.initial_scale,
+                   "dynamic_growth_steps": optimizer.dynamic_growth_steps}
         optimizer = optimizer.inner_optimizer
     wrapped = AllreduceOptimizer(
         optimizer, compression=compression, backward_passes_per_step=backward_passes_per_step,
         average_aggregated_gradients=average_aggregated_gradients, bucket_bytes=bucket_bytes,
         num_groups=num_groups, name=name, comm=comm)
     if inner_scaled or precision.loss_scaling_enabled():
-        return precision.LossScaleOptimizer(wrapped)
+        return precision.LossScaleOptimizer(wrapped, **scaling)
     return wrapped

@@ -4,17 +4,18 @@ Under `mixed_float16`, gradients can overflow. Keras's `LossScaleOptimizer`
 skips such a step and halves the loss scale, but it looks only at this rank's
 gradients: if one rank overflows and another does not, the first skips the
 step while the second waits in the gradient allreduce for ever. kdist's
-`LossScaleOptimizer` makes that decision collectively (the minimum over ranks
-of "all my gradients are finite"), so every rank skips the same steps and
-halves its scale together.
+`LossScaleOptimizer` averages the gradients across ranks *before* looking: an
+infinity or NaN on any rank makes the average non-finite on every rank, so all
+ranks skip the same steps and halve their scale together, at no extra
+collective.
 """
 
 import logging
 
 import keras
-from keras import ops
 
 from kdist.comm import processes
+
 
 logger = logging.getLogger(__name__)
 
@@ -90,15 +91,10 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
                          dynamic_growth_steps=dynamic_growth_steps, name=name, **kwargs)
         inner_optimizer.loss_scale_agreed = True
 
-    def check_finite(self, grads):
-        finite = super().check_finite(grads)
-        comm = getattr(self.inner_optimizer, "comm", None) or processes.world()
-        if comm.size == 1:
-            return finite
-        from kdist.comm import collectives
-        from kdist.comm.processes import Min
-
-        agreed = collectives.allreduce(ops.cast(finite, "float32"), op=Min, comm=comm,
-                                       name="kdist_agree_finite")
-        return ops.greater(agreed, 0.5)
-
+    def apply(self, grads, trainable_variables=None):
+        inner = self.inner_optimizer
+        if not getattr(inner, "reduces_gradients", False):
+            return super().apply(grads, trainable_variables)
+        grads = inner.allreduce_gradients(list(grads))
+        with inner.reduced_upstream():
+            return super().apply(grads, trainable_variables)
