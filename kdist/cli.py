@@ -106,6 +106,7 @@ def collect_info():
         "cross_size": kdist.cross_size(),
         "host": platform.node(),
         "cores_on_node": devices.cores_on_node(),
+        "cores_allowed": len(devices.allowed_cores()),
         "intra_op_threads": tf.config.threading.get_intra_op_parallelism_threads() or "default",
         "inter_op_threads": tf.config.threading.get_inter_op_parallelism_threads() or "default",
         "devices": [d.name for d in tf.config.list_logical_devices()],
@@ -141,7 +142,8 @@ def _info(args):
             print(f"{key:>22}: {info[key]}")
     for each in everyone:
         print(f"  rank {each['rank']}: host {each['host']}, local {each['local_rank']}/"
-              f"{each['local_size']}, {each['cores_on_node']} cores on node, intra-op threads "
+              f"{each['local_size']}, {each['cores_allowed']} of {each['cores_on_node']} "
+              f"cores allowed, intra-op threads "
               f"{each['intra_op_threads']}, inter-op {each['inter_op_threads']}, devices "
               f"{', '.join(each['devices'])}")
     return 0

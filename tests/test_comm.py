@@ -22,8 +22,8 @@ def test_launcher_detection_reads_the_environment():
     assert not processes.launched_by_mpi({})
     assert processes.launched_by_mpi({"OMPI_COMM_WORLD_SIZE": "2"})
     assert processes.launched_by_mpi({"PMI_RANK": "0"})
-    assert processes.launched_by_mpi({"SLURM_STEP_ID": "0", "SLURM_NTASKS": "4"})
-    assert not processes.launched_by_mpi({"SLURM_STEP_ID": "0", "SLURM_NTASKS": "1"})
+    assert processes.launched_by_mpi({"SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": "4"})
+    assert not processes.launched_by_mpi({"SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": "1"})
     assert processes.launched_by_mpi({"KDIST_FORCE_MPI": "1"})
 
 
@@ -143,6 +143,8 @@ def test_threads_per_rank_follow_binding_or_sharing():
     from kdist.comm.devices import intra_op_threads
 
     assert intra_op_threads([[0, 1], [2, 3]], environ={}) == 2  # bound: own cores each
+    assert intra_op_threads([[0], [1, 2, 3]], environ={}, local_rank=1) == 3
+    assert intra_op_threads([[0], [1]], environ={"OMP_NUM_THREADS": ""}) == 1
     assert intra_op_threads([[0], [1], [2], [3]], environ={}) == 1
     assert intra_op_threads([list(range(8))] * 4, environ={}) == 2  # shared: split evenly
     assert intra_op_threads([list(range(8))] * 4, environ={"OMP_NUM_THREADS": "3"}) == 3

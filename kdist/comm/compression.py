@@ -4,8 +4,8 @@ Every compressor sums a flat float32 send buffer over the ranks into a result
 buffer. The buffer's last element is a participation count (1 from a rank that
 is training, 0 from a rank that has joined); compressors must sum it exactly so
 that the average divides by the number of ranks that really contributed.
-Values arrive already divided by the number of ranks when averaging, which
-also keeps float16 sums in range.
+When averaging, values arrive already divided by the number of ranks, which
+also keeps float16 sums in range; a plain sum in float16 can overflow.
 
 - `Compression.none`: plain float32 allreduce.
 - `Compression.fp16`: values are sent as float16 (half the bytes), summed in

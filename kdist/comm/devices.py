@@ -21,25 +21,34 @@ def allowed_cores():
     return list(range(cores_on_node()))
 
 
-def intra_op_threads(local_core_sets, environ=None):
+def user_threads(environ=None):
+    """The thread count the user chose through the environment, or None."""
+    environ = os.environ if environ is None else environ
+    for name in _THREAD_VARIABLES:
+        value = environ.get(name, "").strip()
+        if value.isdigit() and int(value) > 0:
+            return int(value)
+    return None
+
+
+def intra_op_threads(local_core_sets, environ=None, local_rank=0):
     """Threads for one rank, given the cores each rank on this node may use.
 
     Ranks bound to cores of their own use all of theirs; ranks that share a
     set of cores (no binding, or a job's cpuset) split it evenly.
 
-    >>> intra_op_threads([[0, 1], [2, 3]], environ={})
-    2
+    >>> intra_op_threads([[0, 1], [2, 3, 4]], environ={}, local_rank=1)
+    3
     >>> intra_op_threads([[0, 1, 2, 3], [0, 1, 2, 3]], environ={})
     2
     """
-    environ = os.environ if environ is None else environ
-    for name in _THREAD_VARIABLES:
-        if environ.get(name, "").strip().isdigit() and int(environ[name]) > 0:
-            return int(environ[name])
+    chosen = user_threads(environ)
+    if chosen is not None:
+        return chosen
     sets = [set(cores) for cores in local_core_sets]
     union = set().union(*sets)
     if sum(len(cores) for cores in sets) == len(union):
-        return max(1, min(len(cores) for cores in sets))
+        return max(1, len(sets[local_rank]))
     return max(1, len(union) // len(sets))
 
 
@@ -48,8 +57,9 @@ def configure(local):
     import tensorflow as tf
 
     local_rank, local_size = local.rank, local.size
-    if local_size > 1 or any(name in os.environ for name in _THREAD_VARIABLES):
-        threads = intra_op_threads(local.allgather_object(allowed_cores()))
+    if local_size > 1 or user_threads() is not None:
+        threads = intra_op_threads(local.allgather_object(allowed_cores()),
+                                   local_rank=local_rank)
         try:
             if tf.config.threading.get_intra_op_parallelism_threads() == 0:
                 tf.config.threading.set_intra_op_parallelism_threads(threads)

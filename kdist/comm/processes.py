@@ -46,7 +46,8 @@ def launched_by_mpi(environ=None):
         return True
     # srun sets SLURM_STEP_ID for every task; PMI variables are then present
     # too when MPI is used, but srun --mpi=none still gives one task per rank.
-    return "SLURM_STEP_ID" in environ and int(environ.get("SLURM_NTASKS", "1")) > 1
+    return ("SLURM_STEP_ID" in environ
+            and int(environ.get("SLURM_STEP_NUM_TASKS", "1") or 1) > 1)
 
 
 class Communicator:
@@ -222,8 +223,8 @@ def init(comm=None):
         if _state.initialized:
             if comm is not None:
                 raise ValueError(
-                    "kdist is already initialised (collectives, strategies and "
-                    "kdist.precision.enable start it implicitly), so init(comm=...) cannot "
+                    "kdist is already initialised (collectives and kdist.precision.enable "
+                    "start it implicitly), so init(comm=...) cannot "
                     "change its world now. Call kdist.init(comm=...) first.")
             return
         mpi_comm = None
@@ -242,7 +243,8 @@ def init(comm=None):
                         "processes may use kdist.")
             else:
                 mpi_comm = comm
-            _check_not_a_lonely_task(mpi_comm.Get_size())
+            if comm is None:
+                _check_not_a_lonely_task(mpi_comm.Get_size())
         world = Communicator(mpi_comm)
         if mpi_comm is None:
             local = Communicator(None)
