@@ -8,7 +8,9 @@ alike, it times:
 - `single`: one process, plain Keras optimizer;
 - `side_by_side`: N independent processes with no communication (the floor:
   what sharing the machine costs before any allreduce);
-- `kdist`: N ranks with `kdist.DistributedOptimizer`.
+- `kdist`: N ranks with `kdist.DistributedOptimizer` (its C++ allreduce op);
+- `kdist_py_function`: the same with `KDIST_NATIVE_OPS=0` (MPI called from a
+  py-function op, the path used when the C++ op cannot be built).
 Every process is bound to one core (mpiexec binds its ranks the same way).
 Efficiency = single ms/step / kdist ms/step (1.0 is perfect weak scaling).
 Prints one JSON object.
@@ -41,7 +43,7 @@ def worker(args):
     model = build_mlp()
     x, y = synthetic_mnist_like(64 * args.steps, seed=kdist.rank())
     optimizer = keras.optimizers.Adam(1e-3)
-    if args.mode == "kdist":
+    if args.mode.startswith("kdist"):
         optimizer = kdist.DistributedOptimizer(optimizer)
     model.compile(optimizer=optimizer,
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
@@ -67,11 +69,14 @@ def launch(mode, ranks, steps):
     command = [sys.executable, "-u", os.path.abspath(__file__), "--worker", "--mode", mode,
                "--steps", str(steps)]
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    if mode == "kdist_py_function":
+        env["KDIST_NATIVE_OPS"] = "0"
     if ranks == 1 or mode == "side_by_side":
         env = {k: v for k, v in env.items() if not k.startswith(("OMPI_", "PMIX_", "PMI_"))}
         argv = command + (["--cpu", "0"] if ranks == 1 else [])
     else:
         argv, mpi_env = mpiexec_command(ranks, command)
+        argv[1:1] = ["-x", "KDIST_NATIVE_OPS"] if "KDIST_NATIVE_OPS" in env else []
         env.update({k: v for k, v in mpi_env.items() if k.startswith("OMPI_ALLOW")})
     if mode == "side_by_side":
         # Independent processes, each its own world of one (no MPI at all), each on its
@@ -100,11 +105,13 @@ def main():
     if args.worker:
         worker(args)
         return
-    samples = {"single": [], "side_by_side": [], "kdist": []}
+    samples = {"single": [], "side_by_side": [], "kdist": [], "kdist_py_function": []}
     for _ in range(args.rounds):
         samples["single"].append(launch("single", 1, args.steps))
         samples["side_by_side"].append(launch("side_by_side", args.ranks, args.steps))
         samples["kdist"].append(launch("kdist", args.ranks, args.steps))
+        samples["kdist_py_function"].append(launch("kdist_py_function", args.ranks,
+                                                   args.steps))
     ms = {k: float(np.median(v)) for k, v in samples.items()}
     print(json.dumps({
         "benchmark": "weak_scaling",
@@ -116,7 +123,9 @@ def main():
         "ms_per_step": {k: round(v, 3) for k, v in ms.items()},
         "samples_ms": {k: [round(x, 3) for x in v] for k, v in samples.items()},
         "efficiency": round(ms["single"] / ms["kdist"], 3),
+        "efficiency_py_function": round(ms["single"] / ms["kdist_py_function"], 3),
         "floor_without_communication": round(ms["single"] / ms["side_by_side"], 3),
+        "efficiency_against_floor": round(ms["side_by_side"] / ms["kdist"], 3),
         "target_efficiency": 0.90,
     }, indent=2))
 

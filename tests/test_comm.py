@@ -148,3 +148,16 @@ def test_threads_per_rank_follow_binding_or_sharing():
     assert intra_op_threads([[0], [1], [2], [3]], environ={}) == 1
     assert intra_op_threads([list(range(8))] * 4, environ={}) == 2  # shared: split evenly
     assert intra_op_threads([list(range(8))] * 4, environ={"OMP_NUM_THREADS": "3"}) == 3
+
+
+def test_without_a_compiler_the_native_op_steps_aside(monkeypatch, caplog):
+    from kdist.comm import native
+
+    monkeypatch.setattr(native, "_loaded", None)
+    monkeypatch.setattr(native, "_failure", None)
+    monkeypatch.setattr(native, "_mpicxx", lambda: None)
+    assert native.load() is None
+    assert "mpicxx" in native.failure()
+    monkeypatch.setattr(native, "_failure", None)
+    monkeypatch.setenv("KDIST_NATIVE_OPS", "0")
+    assert native.load() is None and "KDIST_NATIVE_OPS" in native.failure()

@@ -6,13 +6,18 @@ import pytest
 pytestmark = pytest.mark.mpi
 
 
+ENGINES = {"native": {}, "py_function": {"KDIST_NATIVE_OPS": "0"}}
+
+
+@pytest.mark.parametrize("engine", sorted(ENGINES))
 @pytest.mark.parametrize("optimizer,lr,tolerance", [("sgd", 0.05, 1e-5), ("adam", 1e-3, 1e-4)])
 def test_two_ranks_match_one_process_on_the_global_batch(mpirun, python_run, optimizer, lr,
-                                                         tolerance):
+                                                         tolerance, engine):
     args = ["--optimizer", optimizer, "--lr", lr, "--global-batch", 16, "--steps", 20]
     single = python_run("train.py", args)
-    job = mpirun("train.py", n=2, args=args)
+    job = mpirun("train.py", n=2, args=args, env=ENGINES[engine])
     rank0, rank1 = job.rank(0), job.rank(1)
+    assert rank0["native"] == (engine == "native"), "the engine under test must be the one used"
     assert rank0["weights"] == rank1["weights"], "ranks must hold bit-identical weights"
     np.testing.assert_allclose(rank0["weights"], single["weights"], atol=tolerance, rtol=0)
     assert rank0["iterations"] == single["iterations"] == 20

@@ -30,10 +30,13 @@ def test_different_models_are_reported_by_variable_name(mpirun):
     assert "kernel" in job.output and "(12, 32)" in job.output and "(12, 33)" in job.output
 
 
-@pytest.mark.parametrize("case", ["uneven", "mixed_uneven"])
-def test_uneven_batches_across_ranks_finish_with_identical_weights(mpirun, case):
+@pytest.mark.parametrize("case,native", [("uneven", "1"), ("uneven", "0"),
+                                         ("mixed_uneven", "1")])
+def test_uneven_batches_across_ranks_finish_with_identical_weights(mpirun, case, native):
     # mixed_uneven: mixed_float16, uneven batches and an overflow on rank 1, all at once.
-    job = mpirun("robust.py", n=2, args=[case], timeout=150)
+    # native=0: the py-function engine, whose join protocol must match too.
+    job = mpirun("robust.py", n=2, args=[case], timeout=150,
+                 env={"KDIST_NATIVE_OPS": native})
     assert job.rank(0)["weights"] == job.rank(1)["weights"]
     assert job.rank(0)["loss"] == job.rank(1)["loss"], "averaged metrics must agree"
 

@@ -14,6 +14,7 @@ from kdist.comm.collectives import (
     broadcast_object,
     broadcast_variables,
 )
+from kdist.comm import native
 from kdist.comm.compression import Compression
 from kdist.comm.fusion import FusedReducer, join, plan_buckets
 from kdist.comm.watchdog import abort

@@ -149,14 +149,27 @@ class FusedReducer:
             ring = self._rings[key] = _OutputRing(items)
         return ring.take()
 
-    def reduce(self, bucket, arrays):
-        """Reduces one bucket of arrays; returns float32 arrays shaped like them."""
+    def plan(self, bucket, arrays):
+        """Records how `bucket` travels: the packed part, then each direct array.
+
+        `join` replays this layout with zeros. `arrays` may be anything with
+        `size`, `dtype` and `nbytes`-like shape information (numpy arrays, or
+        `numpy.empty` stand-ins for tensors that another engine reduces).
+        """
         direct = [self._is_direct(a) for a in arrays]
         packed_items = sum(int(a.size) for a, d in zip(arrays, direct) if not d)
         send = self._send.get(bucket)
         if send is None or send.shape[0] != packed_items + 1:
             send = self._send[bucket] = np.empty(packed_items + 1, dtype=np.float32)
         self._layouts[bucket] = [int(a.size) for a, d in zip(arrays, direct) if d]
+        with _reducers_lock:
+            if self not in _reducers:
+                _reducers.append(self)
+        return direct, packed_items, send
+
+    def reduce(self, bucket, arrays):
+        """Reduces one bucket of arrays; returns float32 arrays shaped like them."""
+        direct, packed_items, send = self.plan(bucket, arrays)
         recv = self._ring((bucket, "packed"), packed_items + 1)
         size = self.comm.size
         scale = 1.0 / size if self.average else 1.0
@@ -168,10 +181,6 @@ class FusedReducer:
             np.multiply(a.reshape(-1), scale, out=send[offset:offset + n], casting="unsafe")
             offset += n
         send[-1] = 1.0
-        if self.reductions == 0:
-            with _reducers_lock:
-                if self not in _reducers:
-                    _reducers.append(self)
         self.reductions += 1
         # The packed part goes first: its count says how many ranks contributed.
         self.compression.sum_(self.comm, send, recv, key=(self.id, bucket))

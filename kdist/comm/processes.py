@@ -72,6 +72,11 @@ class Communicator:
         """The underlying `mpi4py.MPI.Comm`, or None in a world of one."""
         return self._comm
 
+    @property
+    def fortran_handle(self):
+        """The communicator's MPI Fortran handle, which C and C++ code can convert back."""
+        return None if self._comm is None else self._comm.py2f()
+
     def split(self, color, key=None):
         """Returns the sub-communicator of the ranks that passed the same color."""
         if self._comm is None:

@@ -180,8 +180,19 @@ class AllreduceOptimizer(keras.optimizers.Optimizer):
             logger.debug("%s: %d gradients in %d bucket(s), %.1f MB", self.name, len(sizes),
                          len(self._buckets), 4e-6 * sum(sizes))
         reduced = list(grads)
+        native_op = self._native_op(dense)
         for bucket, (start, stop) in enumerate(self._buckets):
             members = dense[start:stop]
+            if native_op is not None:
+                # Same protocol as FusedReducer, run in C++; the reducer keeps
+                # the layout so that a joined rank can mirror it.
+                self._reducer.plan(bucket, [np.empty(g.shape, np.float32) for g in members])
+                results = native_op.kdist_allreduce(
+                    members, comm=comm.fortran_handle, average=True,
+                    direct_bytes=self._reducer.direct_bytes)
+                for index, result in zip(present[start:stop], results):
+                    reduced[index] = result
+                continue
             results = tf.numpy_function(
                 functools.partial(_reduce_bucket, self._reducer, bucket), members,
                 [tf.float32] * len(members), stateful=True, name="kdist_fused_allreduce")
@@ -189,6 +200,16 @@ class AllreduceOptimizer(keras.optimizers.Optimizer):
                 result.set_shape(g.shape)
                 reduced[index] = result if g.dtype == tf.float32 else tf.cast(result, g.dtype)
         return reduced
+
+    def _native_op(self, dense):
+        """kdist's C++ allreduce op when it can do this job, else None."""
+        if self.compression.name != "none" or self.comm.mpi is None:
+            return None
+        if any(g.dtype != "float32" for g in dense):
+            return None
+        from kdist.comm import native
+
+        return native.load()
 
     def get_config(self):
         return {

@@ -46,4 +46,5 @@ history = model.fit(data, epochs=1, verbose=0, shuffle=False,
                     callbacks=[kdist.callbacks.BroadcastGlobalVariablesCallback(0)])
 after = float(model.evaluate(x, y, verbose=0, batch_size=len(x)))
 report({"weights": flat_weights(model), "loss_before": before, "loss_after": after,
-        "iterations": int(opt.iterations.numpy())})
+        "iterations": int(opt.iterations.numpy()),
+        "native": kdist.size() > 1 and kdist.comm.native.load() is not None})
