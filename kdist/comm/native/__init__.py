@@ -57,7 +57,7 @@ def _build(tf):
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not os.path.exists(library):
             partial = f"{library}.{os.getpid()}.partial"
-            command = [compiler, "-O2", "-shared", "-fPIC", "-w", SOURCE, "-o", partial] + flags
+            command = [compiler, "-O3", "-shared", "-fPIC", "-w", SOURCE, "-o", partial] + flags
             logger.info("building kdist's allreduce op (once per installation)")
             done = subprocess.run(command, capture_output=True, text=True, timeout=600)
             if done.returncode != 0:

@@ -58,9 +58,11 @@ class KdistAllreduceOp : public OpKernel {
     int64_t offset = 0;
     for (int i = 0; i < n; ++i) {
       if (direct[i]) continue;
-      auto flat = context->input(i).flat<float>();
-      for (int64_t j = 0; j < flat.size(); ++j) buffer_[offset + j] = flat(j) * prescale;
-      offset += flat.size();
+      const float* in = context->input(i).flat<float>().data();
+      const int64_t count = context->input(i).NumElements();
+      float* packed_at = buffer_.data() + offset;
+      for (int64_t j = 0; j < count; ++j) packed_at[j] = in[j] * prescale;
+      offset += count;
     }
     buffer_[packed] = 1.0f;
     OP_REQUIRES(context, Sum(buffer_.data(), buffer_.data(), packed + 1, true),
@@ -75,17 +77,18 @@ class KdistAllreduceOp : public OpKernel {
       const Tensor& input = context->input(i);
       Tensor* output = nullptr;
       OP_REQUIRES_OK(context, context->allocate_output(i, input.shape(), &output));
-      auto out = output->flat<float>();
+      float* out = output->flat<float>().data();
+      const int64_t count = output->NumElements();
       if (direct[i]) {
-        OP_REQUIRES(context,
-                    Sum(input.flat<float>().data(), out.data(), out.size(), false),
+        OP_REQUIRES(context, Sum(input.flat<float>().data(), out, count, false),
                     errors::Internal("kdist: MPI_Allreduce of a gradient failed"));
         if (postscale != 1.0f) {
-          for (int64_t j = 0; j < out.size(); ++j) out(j) *= postscale;
+          for (int64_t j = 0; j < count; ++j) out[j] *= postscale;
         }
       } else {
-        for (int64_t j = 0; j < out.size(); ++j) out(j) = buffer_[offset + j] * rescale;
-        offset += out.size();
+        const float* packed_at = buffer_.data() + offset;
+        for (int64_t j = 0; j < count; ++j) out[j] = packed_at[j] * rescale;
+        offset += count;
       }
     }
   }
