@@ -1,0 +1,36 @@
+"""The benchmark scripts still run and print the JSON that docs/performance.md quotes."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = [pytest.mark.mpi, pytest.mark.slow]
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _json_from(output):
+    return json.loads(output[output.index("{"):])
+
+
+def test_allreduce_fusion_benchmark_prints_ratios(mpirun):
+    job = mpirun(os.path.join(ROOT, "benchmarks", "allreduce_fusion.py"), n=2,
+                 env={"REPEATS": "5"})
+    result = _json_from(job.output)
+    assert result["gradient_tensors"] == 6 and result["megabytes"] == pytest.approx(2.679, 1e-3)
+    assert set(result["ratio_to_raw"]) == {"raw_mpi4py", "kdist_numpy", "kdist_in_graph",
+                                           "kdist_in_graph_py_function"}
+
+
+def test_weak_scaling_benchmark_compares_all_cases_in_one_run(mpiexec_path):
+    done = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "benchmarks", "weak_scaling.py"), "--rounds", "1",
+         "--steps", "60"], capture_output=True, text=True, timeout=300,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = _json_from(done.stdout)
+    assert set(result["ms_per_step"]) == {"single", "side_by_side", "kdist",
+                                          "kdist_py_function"}
+    assert result["efficiency"] > 0 and result["floor_without_communication"] > 0
