@@ -65,17 +65,19 @@ def main():
     fallback._native_op = lambda dense: None
     grads_tf = [tf.constant(g) for g in grads_np]
 
+    # Each function first makes fresh tensors, as a backward pass would, so that the op
+    # may reduce them in place; the pass-through function does the same and no more.
     @tf.function
     def in_graph(grads):
-        return opt.allreduce_gradients(list(grads))
+        return opt.allreduce_gradients([g * 1.0 for g in grads])
 
     @tf.function
     def in_graph_py_function(grads):
-        return fallback.allreduce_gradients(list(grads))
+        return fallback.allreduce_gradients([g * 1.0 for g in grads])
 
     @tf.function
     def pass_through(grads):
-        return [g + 0.0 for g in grads]
+        return [g * 1.0 for g in grads]
 
     fused_graph = lambda: [g.numpy() for g in in_graph(grads_tf)]  # noqa: E731
     fused_graph_py = lambda: [g.numpy() for g in in_graph_py_function(grads_tf)]  # noqa: E731
