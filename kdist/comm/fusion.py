@@ -136,7 +136,6 @@ class FusedReducer:
         self._send = {}
         self._rings = {}
         self._layouts = {}
-        self.reductions = 0
         _keep_large_buffers_in_heap()
 
     def _is_direct(self, a):
@@ -181,7 +180,6 @@ class FusedReducer:
             np.multiply(a.reshape(-1), scale, out=send[offset:offset + n], casting="unsafe")
             offset += n
         send[-1] = 1.0
-        self.reductions += 1
         # The packed part goes first: its count says how many ranks contributed.
         self.compression.sum_(self.comm, send, recv, key=(self.id, bucket))
         contributors = float(recv[-1])
