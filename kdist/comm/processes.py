@@ -93,7 +93,7 @@ class Communicator:
         if self._comm is None:
             return array
         mpi = _mpi()
-        mpi_op = {Sum: mpi.SUM, Average: mpi.SUM, Min: mpi.MIN, Max: mpi.MAX, Product: mpi.PROD}[op]
+        mpi_op = _mpi_op(op)
         with self.lock, Deadline.guard("allreduce"):
             self._comm.Allreduce(mpi.IN_PLACE, array, op=mpi_op)
         if op == Average:
@@ -102,11 +102,12 @@ class Communicator:
 
     def allreduce_into(self, send, recv, op=Sum):
         """Reduces contiguous `send` across the group into `recv` (same shape)."""
+        if op == Average:
+            raise ValueError("allreduce_into sums; divide the result, or use allreduce_.")
         if self._comm is None:
             np.copyto(recv, send)
         else:
-            mpi = _mpi()
-            mpi_op = {Sum: mpi.SUM, Min: mpi.MIN, Max: mpi.MAX, Product: mpi.PROD}[op]
+            mpi_op = _mpi_op(op)
             with self.lock, Deadline.guard("allreduce"):
                 self._comm.Allreduce(send, recv, op=mpi_op)
         return recv
@@ -191,6 +192,12 @@ def _mpi():
     from mpi4py import MPI
 
     return MPI
+
+
+def _mpi_op(op):
+    """The MPI reduction for a kdist op name (an average is a sum, divided afterwards)."""
+    MPI = _mpi()
+    return {Sum: MPI.SUM, Average: MPI.SUM, Min: MPI.MIN, Max: MPI.MAX, Product: MPI.PROD}[op]
 
 
 def _import_mpi():
