@@ -1,16 +1,15 @@
 """An optimizer that averages gradients across ranks before applying them."""
 
 import contextlib
-import functools
 import logging
 
 import keras
-import numpy as np
 from keras import ops
 
 from kdist.comm import compression as compression_lib
 from kdist.comm import fusion
 from kdist.comm import processes
+from kdist.comm import tensors
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +73,6 @@ class AllreduceOptimizer(keras.optimizers.Optimizer):
             raise ValueError(f"num_groups must be 0 or positive; got {num_groups}.")
         self._comm = comm
         self._reducer = None
-        self._buckets = None
         self._upstream = False
         self.loss_scale_agreed = False
 
@@ -163,53 +161,11 @@ class AllreduceOptimizer(keras.optimizers.Optimizer):
 
     def allreduce_gradients(self, grads):
         """Returns the gradients averaged over all ranks (None entries stay None)."""
-        comm = self.comm
-        if comm.size == 1:
-            return grads
-        import tensorflow as tf
-
-        present = [i for i, g in enumerate(grads) if g is not None]
-        dense = [_dense(grads[i]) for i in present]
-        sizes = [int(np.prod(g.shape)) for g in dense]
         if self._reducer is None:
-            self._reducer = fusion.FusedReducer(comm, self.compression)
-            bucket_bytes = self.bucket_bytes
-            if self.num_groups:
-                bucket_bytes = max(1, -(-4 * sum(sizes) // self.num_groups))
-            self._buckets = fusion.plan_buckets(sizes, bucket_bytes)
-            logger.debug("%s: %d gradients in %d bucket(s), %.1f MB", self.name, len(sizes),
-                         len(self._buckets), 4e-6 * sum(sizes))
-        reduced = list(grads)
-        native_op = self._native_op(dense)
-        for bucket, (start, stop) in enumerate(self._buckets):
-            members = dense[start:stop]
-            if native_op is not None:
-                # Same protocol as FusedReducer, run in C++; the reducer keeps
-                # the layout so that a joined rank can mirror it.
-                self._reducer.plan(bucket, [np.empty(g.shape, np.float32) for g in members])
-                results = native_op.kdist_allreduce(
-                    members, comm=comm.fortran_handle, average=True,
-                    direct_bytes=self._reducer.direct_bytes)
-                for index, result in zip(present[start:stop], results):
-                    reduced[index] = result
-                continue
-            results = tf.numpy_function(
-                functools.partial(_reduce_bucket, self._reducer, bucket), members,
-                [tf.float32] * len(members), stateful=True, name="kdist_fused_allreduce")
-            for index, result, g in zip(present[start:stop], results, members):
-                result.set_shape(g.shape)
-                reduced[index] = result if g.dtype == tf.float32 else tf.cast(result, g.dtype)
-        return reduced
-
-    def _native_op(self, dense):
-        """kdist's C++ allreduce op when it can do this job, else None."""
-        if self.compression.name != "none" or self.comm.mpi is None:
-            return None
-        if any(g.dtype != "float32" for g in dense):
-            return None
-        from kdist.comm import native
-
-        return native.load()
+            self._reducer = tensors.TensorReducer(
+                self._comm, self.compression, average=True, bucket_bytes=self.bucket_bytes,
+                num_groups=self.num_groups, name=self.name)
+        return self._reducer(grads)
 
     def get_config(self):
         return {
@@ -228,10 +184,6 @@ class AllreduceOptimizer(keras.optimizers.Optimizer):
         config["optimizer"] = keras.saving.deserialize_keras_object(
             config["optimizer"], custom_objects=custom_objects)
         return cls(**config)
-
-
-def _reduce_bucket(reducer, bucket, *arrays):
-    return reducer.reduce(bucket, arrays)
 
 
 def _dense(gradient):
