@@ -1,0 +1,286 @@
+"""`MPIStrategy`: kdist's allreduce data parallelism as a `tf.distribute.Strategy`.
+
+Each MPI rank is one replica. The strategy plugs kdist's collectives into the
+places where TensorFlow and Keras already call a strategy, so a script
+written for `tf.distribute.MirroredStrategy` runs under `mpiexec` unchanged:
+
+- `ReplicaContext.all_reduce`, which Keras optimizers use to sum gradients
+  and `BatchNormalization(synchronized=True)` uses for its statistics, runs
+  kdist's fused allreduce (the C++ op when available);
+- `num_replicas_in_sync` is the number of ranks, so Keras scales each rank's
+  loss by 1/size and the summed gradient is the global-batch average;
+- variables are broadcast from rank 0 when they are created;
+- metric variables read outside a training step are summed over the ranks,
+  as tf.distribute's sync-on-read variables are, so `fit` and `evaluate`
+  report global metrics;
+- datasets are batched with the global batch size; each rank keeps its own
+  slice of every global batch, so all ranks take the same number of steps;
+- `predict` gathers the slices back, in order, on every rank.
+"""
+
+import inspect
+import logging
+
+import tensorflow as tf
+from tensorflow.python.distribute import distribute_lib
+from tensorflow.python.distribute import distribute_utils
+from tensorflow.python.distribute import input_util
+from tensorflow.python.distribute import one_device_strategy
+from tensorflow.python.distribute import values as tf_values
+
+from kdist.comm import collectives
+from kdist.comm import processes
+from kdist.comm.fusion import DEFAULT_BUCKET_BYTES
+from kdist.comm.tensors import TensorReducer
+
+logger = logging.getLogger(__name__)
+
+
+class MPIStrategy(distribute_lib.Strategy):
+    """Synchronous data parallelism over MPI ranks, one replica per rank.
+
+    Use it where you would use `tf.distribute.MirroredStrategy` and launch
+    the script with `kdist run -n N`, `mpiexec -n N` or `srun`:
+
+    ```python
+    strategy = kdist.distribute.MPIStrategy()
+    with strategy.scope():
+        model = build_model()
+        model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+    model.fit(dataset.batch(64 * strategy.num_replicas_in_sync), epochs=5)
+    ```
+
+    Batch datasets with the global batch size (per-replica batch times
+    `num_replicas_in_sync`), as with any tf.distribute strategy. Reading a
+    metric outside `fit`/`evaluate` is a collective: do it on every rank.
+
+    Args:
+        comm: the `kdist.comm.Communicator` whose ranks are the replicas
+            (the world by default).
+        compression: `kdist.Compression.none` (default), `.fp16` or
+            `.topk(ratio)` for the gradient allreduce.
+        bucket_bytes: most bytes of gradient per fused collective.
+        device: the device each rank computes on; by default its GPU if it
+            has one (kdist gives each local rank its own), else the CPU.
+
+    Example:
+
+    >>> import kdist
+    >>> strategy = kdist.distribute.MPIStrategy()
+    >>> strategy.num_replicas_in_sync == kdist.size()
+    True
+    """
+
+    def __init__(self, comm=None, compression=None, bucket_bytes=DEFAULT_BUCKET_BYTES,
+                 device=None):
+        # Before TensorFlow starts: init gives this rank its cores and GPU.
+        processes.init()
+        comm = comm if comm is not None else processes.world()
+        if device is None:
+            device = "/gpu:0" if tf.config.list_logical_devices("GPU") else "/cpu:0"
+        super().__init__(_MPIExtended(self, device, comm, compression, bucket_bytes))
+        if comm.rank == 0:
+            logger.info("MPIStrategy: %d replicas (one per rank) on %s", comm.size, device)
+
+    @property
+    def comm(self):
+        """The communicator whose ranks are this strategy's replicas."""
+        return self.extended.comm
+
+    def __deepcopy__(self, memo):
+        # Keras copies configs that may hold the strategy; it is a handle, not data.
+        memo[id(self)] = self
+        return self
+
+
+class _MPIExtended(one_device_strategy.OneDeviceExtended):
+    """One local device, with every cross-replica operation taken over MPI."""
+
+    def __init__(self, container_strategy, device, comm, compression, bucket_bytes):
+        super().__init__(container_strategy, device)
+        self.comm = comm
+        self._sum = TensorReducer(comm, compression, average=False, bucket_bytes=bucket_bytes,
+                                  name="kdist_strategy")
+        self._mean = TensorReducer(comm, compression, average=True, bucket_bytes=bucket_bytes,
+                                   name="kdist_strategy")
+
+    # -- replicas -------------------------------------------------------------
+
+    @property
+    def _num_replicas_in_sync(self):
+        return self.comm.size
+
+    def _get_local_replica_id(self, replica_id_in_sync_group):
+        # Every rank holds exactly one replica: local index 0.
+        return 0
+
+    def _call_for_each_replica(self, fn, args, kwargs):
+        strategy = self._container_strategy()
+        with tf.device(self._device), _MPIReplicaContext(strategy, self.comm.rank):
+            outputs = fn(*args, **kwargs)
+        if _is_predict_step(fn) and self.comm.size > 1:
+            # Each rank predicted its slice of the global batch; give every
+            # rank the whole batch back, in the order of the input.
+            outputs = tf.nest.map_structure(self._gather_rows, outputs)
+        return outputs
+
+    def _gather_rows(self, tensor):
+        if tensor is None or not tf.is_tensor(tensor) or tensor.shape.rank == 0:
+            return tensor
+        return collectives.allgather(tensor, comm=self.comm, name="kdist_gather_predictions")
+
+    # -- variables ------------------------------------------------------------
+
+    def _create_variable(self, next_creator, **kwargs):
+        synchronization = kwargs.get("synchronization")
+        if synchronization == tf.VariableSynchronization.ON_READ and self.comm.size > 1:
+            # Sync-on-read (metric state): local updates, reads outside a
+            # step reduce over the ranks through `_reduce_to`.
+            def create_local(**creator_kwargs):
+                with tf.device(self._device):
+                    return [next_creator(**creator_kwargs)]
+
+            return distribute_utils.create_mirrored_variable(
+                self._container_strategy(), create_local,
+                {tf.VariableSynchronization.ON_READ: tf_values.SyncOnReadVariable}, {},
+                **kwargs)
+        if self.comm.size > 1:
+            kwargs["initial_value"] = self._broadcast_initial_value(kwargs.get("initial_value"),
+                                                                    kwargs.get("dtype"))
+        return super()._create_variable(next_creator, **kwargs)
+
+    def _broadcast_initial_value(self, initial_value, dtype):
+        comm = self.comm
+
+        def from_root():
+            value = initial_value() if callable(initial_value) else initial_value
+            value = tf.convert_to_tensor(value, dtype=dtype)
+            return collectives.broadcast(value, root_rank=0, comm=comm,
+                                         name="kdist_broadcast_initial_value")
+
+        return from_root
+
+    def read_var(self, replica_local_var):
+        if isinstance(replica_local_var, tf_values.SyncOnReadVariable):
+            return replica_local_var._get_cross_replica()
+        return tf.identity(replica_local_var)
+
+    def _local_results(self, value):
+        if isinstance(value, tf_values.DistributedValues):
+            return value._values
+        return (value,)
+
+    def value_container(self, value):
+        return value
+
+    # -- reductions -----------------------------------------------------------
+
+    def _reduce_to(self, reduce_op, value, destinations, options):
+        return self._batch_reduce_to(reduce_op, [(value, destinations)], options)[0]
+
+    def _batch_reduce_to(self, reduce_op, value_destination_pairs, options):
+        values = [_local_value(v) for v, _ in value_destination_pairs]
+        if reduce_op == tf.distribute.ReduceOp.SUM:
+            return self._sum(values)
+        if reduce_op == tf.distribute.ReduceOp.MEAN:
+            return self._mean(values)
+        raise ValueError(f"MPIStrategy reduces with SUM or MEAN; got {reduce_op}.")
+
+    def _gather_to_implementation(self, value, destinations, axis, options):
+        value = _local_value(value)
+        if axis == 0:
+            return collectives.allgather(value, comm=self.comm)
+        perm = [axis] + [i for i in range(value.shape.rank) if i != axis]
+        gathered = collectives.allgather(tf.transpose(value, perm), comm=self.comm)
+        return tf.transpose(gathered, tf.math.invert_permutation(perm))
+
+    def _replica_ctx_all_gather(self, value, axis, options=None):
+        return self._gather_to_implementation(value, None, axis, options)
+
+    # -- input ----------------------------------------------------------------
+
+    def _experimental_distribute_dataset(self, dataset, options):
+        if self.comm.size > 1:
+            dataset = slice_batches(dataset, self.comm.rank, self.comm.size)
+        return super()._experimental_distribute_dataset(dataset, options)
+
+    def _distribute_datasets_from_function(self, dataset_fn, options):
+        context = tf.distribute.InputContext(
+            num_input_pipelines=self.comm.size, input_pipeline_id=self.comm.rank,
+            num_replicas_in_sync=self.comm.size)
+        return input_util.get_distributed_datasets_from_function(
+            dataset_fn, self._input_workers_with_options(options), [context],
+            self._container_strategy(), options=options)
+
+    def _experimental_distribute_values_from_function(self, value_fn):
+        return value_fn(tf.distribute.experimental.ValueContext(
+            replica_id_in_sync_group=self.comm.rank, num_replicas_in_sync=self.comm.size))
+
+    # -- roles ----------------------------------------------------------------
+
+    @property
+    def should_checkpoint(self):
+        return self.comm.rank == 0
+
+    @property
+    def should_save_summary(self):
+        return self.comm.rank == 0
+
+    @property
+    def _global_batch_size(self):
+        return True
+
+
+class _MPIReplicaContext(distribute_lib.ReplicaContext):
+    def __init__(self, strategy, rank):
+        super().__init__(strategy, replica_id_in_sync_group=rank)
+
+    @property
+    def devices(self):
+        return self._strategy.extended.worker_devices
+
+
+def slice_batches(dataset, rank, size):
+    """Keeps rank `rank`'s share of every batch: rows `[n*rank//size, n*(rank+1)//size)`.
+
+    Every rank sees every global batch, so all take the same number of steps
+    even when the last batch is short.
+
+    >>> import tensorflow as tf
+    >>> ds = tf.data.Dataset.range(8).batch(4)
+    >>> [b.numpy().tolist() for b in slice_batches(ds, 1, 2)]
+    [[2, 3], [6, 7]]
+    """
+    if not 0 <= rank < size:
+        raise ValueError(f"rank must be in [0, {size}); got {rank}.")
+    for spec in tf.nest.flatten(dataset.element_spec):
+        if isinstance(spec, tf.TensorSpec) and spec.shape.rank == 0:
+            raise ValueError(
+                "MPIStrategy splits each batch across the ranks, but this dataset yields "
+                f"unbatched elements ({spec}). Batch it with the global batch size first.")
+
+    # tf.data unpacks tuple elements into arguments; pack them back as they were.
+    is_tuple = isinstance(dataset.element_spec, tuple)
+
+    def take_share(*args):
+        element = args if is_tuple else args[0]
+        first = tf.nest.flatten(element)[0]
+        rows = tf.shape(first)[0]
+        start = rows * rank // size
+        stop = rows * (rank + 1) // size
+        return tf.nest.map_structure(lambda t: t[start:stop], element)
+
+    return dataset.map(take_share, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+
+
+def _local_value(value):
+    if isinstance(value, tf_values.DistributedValues):
+        value = value._values[0]
+    return tf.convert_to_tensor(value)
+
+
+def _is_predict_step(fn):
+    """Whether `fn` is Keras's prediction step (`predict` runs it through `strategy.run`)."""
+    fn = inspect.unwrap(getattr(fn, "python_function", fn))
+    return (getattr(fn, "__name__", "") == "predict_step"
+            or "make_predict_function" in getattr(fn, "__qualname__", ""))
