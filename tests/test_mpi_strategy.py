@@ -55,3 +55,15 @@ def test_local_batch_norm_differs_from_global_batch_statistics(mpirun, python_ru
     job = mpirun("strategy.py", n=2, args=args + ["--strategy", "mpi"])
     difference = np.abs(np.subtract(job.rank(0)["weights"], single["weights"])).max()
     assert difference > 1e-3
+
+
+def test_mixed_precision_overflow_on_one_rank_skips_the_step_everywhere(mpirun, python_run):
+    # Rank 1's half of global batch 3 overflows float16; rank 0's does not.
+    args = ["--mixed", "--overflow-batch", 3, "--steps", 6]
+    single = python_run("strategy.py", args + ["--strategy", "default"])
+    job = mpirun("strategy.py", n=2, args=args + ["--strategy", "mpi"], timeout=150)
+    rank0, rank1 = job.rank(0), job.rank(1)
+    assert rank0["optimizer"] == "LossScaleOptimizer"
+    assert rank0["weights"] == rank1["weights"]
+    assert rank0["iterations"] == single["iterations"] == 2 * 6 - 2
+    np.testing.assert_allclose(rank0["weights"], single["weights"], atol=2e-3, rtol=0)

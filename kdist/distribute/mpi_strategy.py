@@ -15,12 +15,14 @@ written for `tf.distribute.MirroredStrategy` runs under `mpiexec` unchanged:
   report global metrics;
 - datasets are batched with the global batch size; each rank keeps its own
   slice of every global batch, so all ranks take the same number of steps;
-- `predict` gathers the slices back, in order, on every rank.
+- `predict` gathers the slices back, in order, on every rank;
+- under mixed precision, every rank skips a step when any rank overflowed.
 """
 
 import inspect
 import logging
 
+import keras
 import tensorflow as tf
 from tensorflow.python.distribute import distribute_lib
 from tensorflow.python.distribute import distribute_utils
@@ -118,11 +120,22 @@ class _MPIExtended(one_device_strategy.OneDeviceExtended):
         strategy = self._container_strategy()
         with tf.device(self._device), _MPIReplicaContext(strategy, self.comm.rank):
             outputs = fn(*args, **kwargs)
+        if _is_overflow_check(fn) and self.comm.size > 1:
+            # Keras's LossScaleOptimizer checks each replica's own gradients
+            # (before the allreduce) and then either applies them, reducing
+            # across ranks, or skips. Ranks must agree, or some would wait in
+            # an allreduce the others never join.
+            outputs = self._all_ranks_true(outputs)
         if _is_predict_step(fn) and self.comm.size > 1:
             # Each rank predicted its slice of the global batch; give every
             # rank the whole batch back, in the order of the input.
             outputs = tf.nest.map_structure(self._gather_rows, outputs)
         return outputs
+
+    def _all_ranks_true(self, flag):
+        votes = collectives.allreduce(tf.cast(flag, tf.int32), op=processes.Min, comm=self.comm,
+                                      name="kdist_agree_finite")
+        return tf.cast(votes, tf.bool)
 
     def _gather_rows(self, tensor):
         if tensor is None or not tf.is_tensor(tensor) or tensor.shape.rank == 0:
@@ -277,6 +290,12 @@ def _local_value(value):
     if isinstance(value, tf_values.DistributedValues):
         value = value._values[0]
     return tf.convert_to_tensor(value)
+
+
+def _is_overflow_check(fn):
+    owner = getattr(fn, "__self__", None)
+    return (getattr(fn, "__name__", "") == "check_finite"
+            and isinstance(owner, keras.optimizers.LossScaleOptimizer))
 
 
 def _is_predict_step(fn):

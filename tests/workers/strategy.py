@@ -23,7 +23,13 @@ parser.add_argument("--steps", type=int, default=12)
 parser.add_argument("--epochs", type=int, default=2)
 parser.add_argument("--batch-norm", choices=["none", "sync", "local"], default="none")
 parser.add_argument("--seed-per-rank", action="store_true")
+parser.add_argument("--mixed", action="store_true", help="mixed_float16 policy")
+parser.add_argument("--overflow-batch", type=int, default=-1,
+                    help="make the second half of this global batch overflow float16")
 args = parser.parse_args()
+
+if args.mixed:
+    keras.mixed_precision.set_global_policy("mixed_float16")
 
 if args.strategy == "mpi":
     strategy = kdist.distribute.MPIStrategy()
@@ -35,6 +41,9 @@ else:
     strategy = tf.distribute.get_strategy()
 
 x, y = global_batches(args.steps, args.global_batch)
+if args.overflow_batch >= 0:
+    # Beyond float16's range; on 2 ranks only rank 1's slice holds these rows.
+    x[args.overflow_batch, args.global_batch // 2:] = 1e5
 x, y = x.reshape(-1, x.shape[-1]), y.reshape(-1)
 dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(args.global_batch)
 
@@ -63,4 +72,5 @@ report({
     "evaluation": {k: float(v) for k, v in evaluation.items()},
     "predictions": np.asarray(predictions, dtype=np.float64).tolist(),
     "iterations": int(model.optimizer.iterations.numpy()),
+    "optimizer": type(model.optimizer).__name__,
 })
