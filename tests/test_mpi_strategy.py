@@ -67,3 +67,55 @@ def test_mixed_precision_overflow_on_one_rank_skips_the_step_everywhere(mpirun, 
     assert rank0["weights"] == rank1["weights"]
     assert rank0["iterations"] == single["iterations"] == 2 * 6 - 2
     np.testing.assert_allclose(rank0["weights"], single["weights"], atol=2e-3, rtol=0)
+
+
+SAVE_ON_RANK_ZERO = """
+import sys
+import keras, numpy as np
+import kdist
+from workers.common import report
+
+strategy = kdist.distribute.MPIStrategy()
+x = np.random.default_rng(0).normal(size=(64, 8)).astype("float32")
+y = (x.sum(1) > 0).astype("int32")
+with strategy.scope():
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4)])
+    model.compile(optimizer="adam", metrics=["accuracy"],
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+model.fit(x, y, batch_size=16, epochs=1, verbose=0)
+path = sys.argv[1]
+if kdist.rank() == 0:
+    model.save(path)
+kdist.barrier()
+loaded = keras.models.load_model(path)
+same = all(np.array_equal(a, b) for a, b in zip(model.get_weights(), loaded.get_weights()))
+report({"same": same})
+"""
+
+
+def test_saving_on_rank_zero_alone_neither_hangs_nor_loses_weights(mpirun, tmp_path):
+    job = mpirun(SAVE_ON_RANK_ZERO, n=2, args=[tmp_path / "model.keras"], timeout=120)
+    assert job.rank(0)["same"] and job.rank(1)["same"]
+
+
+def test_unbatched_dataset_is_a_clear_error():
+    import tensorflow as tf
+
+    from kdist.distribute import slice_batches
+
+    with pytest.raises(ValueError, match="Batch it with the global batch size"):
+        slice_batches(tf.data.Dataset.range(8), 0, 2)
+    with pytest.raises(ValueError, match="rank must be in"):
+        slice_batches(tf.data.Dataset.range(8).batch(4), 2, 2)
+
+
+def test_slices_cover_every_row_once_in_order():
+    import tensorflow as tf
+
+    from kdist.distribute import slice_batches
+
+    data = tf.data.Dataset.from_tensor_slices({"x": tf.range(10), "y": tf.range(10) * 2}).batch(4)
+    shares = [[b["x"].numpy().tolist() for b in slice_batches(data, r, 3)] for r in range(3)]
+    assert [len(s) for s in shares] == [3, 3, 3], "every rank takes every step"
+    rows = [row for step in zip(*shares) for share in step for row in share]
+    assert rows == list(range(10))
