@@ -119,3 +119,12 @@ def test_slices_cover_every_row_once_in_order():
     assert [len(s) for s in shares] == [3, 3, 3], "every rank takes every step"
     rows = [row for step in zip(*shares) for share in step for row in share]
     assert rows == list(range(10))
+
+
+def test_distributed_optimizer_inside_the_strategy_reduces_once(mpirun, python_run):
+    single = python_run("strategy.py", ["--strategy", "default", "--epochs", 1])
+    job = mpirun("strategy.py", n=2, args=["--strategy", "mpi", "--epochs", 1,
+                                           "--distributed-optimizer"])
+    assert job.rank(0)["optimizer"] == "AllreduceOptimizer"
+    assert not job.rank(0)["optimizer_reduced_itself"], "the strategy alone reduces"
+    np.testing.assert_allclose(job.rank(0)["weights"], single["weights"], atol=1e-5, rtol=0)

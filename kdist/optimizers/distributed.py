@@ -139,7 +139,8 @@ class AllreduceOptimizer(keras.optimizers.Optimizer):
                 self.build(trainable_variables or self._trainable_variables)
             self.built = True
         grads = list(grads)
-        reduce = (lambda g: g) if self._upstream else self.allreduce_gradients
+        upstream = self._upstream or _strategy_reduces()
+        reduce = (lambda g: g) if upstream else self.allreduce_gradients
         if self.backward_passes_per_step == 1:
             self.inner_optimizer.apply(reduce(grads), trainable_variables)
             return
@@ -184,6 +185,15 @@ class AllreduceOptimizer(keras.optimizers.Optimizer):
         config["optimizer"] = keras.saving.deserialize_keras_object(
             config["optimizer"], custom_objects=custom_objects)
         return cls(**config)
+
+
+def _strategy_reduces():
+    """Whether an MPIStrategy is active: it sums the gradients itself, in the inner optimizer."""
+    import tensorflow as tf
+
+    from kdist.distribute.mpi_strategy import MPIStrategy
+
+    return isinstance(tf.distribute.get_strategy(), MPIStrategy)
 
 
 def _dense(gradient):

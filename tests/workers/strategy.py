@@ -24,6 +24,8 @@ parser.add_argument("--epochs", type=int, default=2)
 parser.add_argument("--batch-norm", choices=["none", "sync", "local"], default="none")
 parser.add_argument("--seed-per-rank", action="store_true")
 parser.add_argument("--mixed", action="store_true", help="mixed_float16 policy")
+parser.add_argument("--distributed-optimizer", action="store_true",
+                    help="also wrap the optimizer in kdist.DistributedOptimizer")
 parser.add_argument("--overflow-batch", type=int, default=-1,
                     help="make the second half of this global batch overflow float16")
 args = parser.parse_args()
@@ -56,7 +58,10 @@ with strategy.scope():
     layers += [keras.layers.Dense(16, activation="tanh"), keras.layers.Dense(4)]
     model = keras.Sequential(layers)
     optimizer = {"sgd": keras.optimizers.SGD, "adam": keras.optimizers.Adam}[args.optimizer]
-    model.compile(optimizer=optimizer(args.lr),
+    optimizer = optimizer(args.lr)
+    if args.distributed_optimizer:
+        optimizer = kdist.DistributedOptimizer(optimizer)
+    model.compile(optimizer=optimizer,
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                   metrics=["accuracy"])
 
@@ -73,4 +78,5 @@ report({
     "predictions": np.asarray(predictions, dtype=np.float64).tolist(),
     "iterations": int(model.optimizer.iterations.numpy()),
     "optimizer": type(model.optimizer).__name__,
+    "optimizer_reduced_itself": getattr(model.optimizer, "_reducer", None) is not None,
 })
