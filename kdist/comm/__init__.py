@@ -17,6 +17,7 @@ from kdist.comm.collectives import (
 from kdist.comm import native
 from kdist.comm.compression import Compression
 from kdist.comm.fusion import FusedReducer, join, plan_buckets
+from kdist.comm.tensors import TensorReducer
 from kdist.comm.watchdog import abort
 from kdist.comm.processes import (
     Average,
