@@ -4,13 +4,53 @@
 every rank: `python _prefix.py -- COMMAND ...`. The command inherits the MPI
 launcher's environment, so it is the MPI process; this wrapper only relays its
 output and its exit status (a rank killed by a signal still fails the job).
+`kdist launch` relays its TensorFlow workers' output with `relay` too.
 """
 
+import contextlib
 import os
 import subprocess
 import sys
 
 RANK_VARIABLES = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID")
+
+
+def relay(fd, tag, out, lock=None):
+    """Copies everything readable from `fd` to `out`, with `tag` at each line start.
+
+    With a `lock` (several relays writing to one `out`), only whole lines are
+    written, so that two processes' lines never run into each other; a
+    trailing partial line comes out when the stream ends.
+    """
+    start_of_line = True
+    held = b""
+    while True:
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            break
+        if lock is not None:
+            chunk = held + chunk
+            whole = max(chunk.rfind(b"\n"), chunk.rfind(b"\r")) + 1
+            chunk, held = chunk[:whole], chunk[whole:]
+        _write(out, tag, chunk, start_of_line, lock)
+        if chunk:
+            start_of_line = chunk.endswith((b"\n", b"\r"))
+    _write(out, tag, held, start_of_line, lock)
+
+
+def _write(out, tag, chunk, start_of_line, lock):
+    if not chunk:
+        return
+    pieces = []
+    # Progress bars redraw with '\r'; each redrawn line gets the tag too.
+    for piece in chunk.splitlines(keepends=True):
+        if start_of_line:
+            pieces.append(tag)
+        pieces.append(piece)
+        start_of_line = piece.endswith((b"\n", b"\r"))
+    with lock or contextlib.nullcontext():
+        out.write(b"".join(pieces))
+        out.flush()
 
 
 def main(argv):
@@ -20,22 +60,7 @@ def main(argv):
         return 2
     rank = next((os.environ[v] for v in RANK_VARIABLES if v in os.environ), "0")
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    tag = f"[{rank}] ".encode()
-    start_of_line = True
-    out = sys.stdout.buffer
-    while True:
-        chunk = os.read(process.stdout.fileno(), 65536)
-        if not chunk:
-            break
-        pieces = []
-        # Progress bars redraw with '\r'; each redrawn line gets the tag too.
-        for piece in chunk.splitlines(keepends=True):
-            if start_of_line:
-                pieces.append(tag)
-            pieces.append(piece)
-            start_of_line = piece.endswith((b"\n", b"\r"))
-        out.write(b"".join(pieces))
-        out.flush()
+    relay(process.stdout.fileno(), f"[{rank}] ".encode(), sys.stdout.buffer)
     code = process.wait()
     return code if code >= 0 else 128 - code
 

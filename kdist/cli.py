@@ -2,6 +2,7 @@
 
     kdist run -n 4 train.py --epochs 5      # this Python, 4 ranks, through mpiexec
     kdist run -n 2 -- hostname              # any command
+    kdist launch -n 2 train.py              # 2 local TensorFlow workers with TF_CONFIG
     kdist info                              # versions, MPI, ranks, threads, devices
 """
 
@@ -57,17 +58,23 @@ def mpiexec_command(nprocs, command, mpiexec=None, extra=()):
     return argv + list(command), env
 
 
-def _run(args):
+def _user_command(args, verb):
+    """The argv each rank or worker runs: a script with this Python, or a raw command."""
     command = list(args.command)
     if command and command[0] == "--":
         command = command[1:]
     if not command:
-        raise SystemExit("kdist run: give a script (kdist run -n 2 train.py) or a command "
-                         "after -- (kdist run -n 2 -- hostname).")
+        raise SystemExit(f"kdist {verb}: give a script (kdist {verb} -n 2 train.py) or a "
+                         f"command after -- (kdist {verb} -n 2 -- hostname).")
     if not args.raw_command and command[0].endswith(".py"):
         if not os.path.exists(command[0]):
-            raise SystemExit(f"kdist run: no such script: {command[0]}")
+            raise SystemExit(f"kdist {verb}: no such script: {command[0]}")
         command = [sys.executable, "-u"] + command
+    return command
+
+
+def _run(args, verb="run"):
+    command = _user_command(args, verb)
     if not args.no_prefix:
         # Run as a file, not `-m kdist...`, so the wrapper does not import TensorFlow.
         command = [sys.executable, os.path.join(os.path.dirname(__file__), "_prefix.py"),
@@ -75,11 +82,30 @@ def _run(args):
     try:
         argv, env = mpiexec_command(args.n, command, extra=shlex.split(args.mpi_args))
     except (ValueError, FileNotFoundError) as error:
-        raise SystemExit(f"kdist run: {error}")
+        raise SystemExit(f"kdist {verb}: {error}")
     env.setdefault("PYTHONUNBUFFERED", "1")
     if args.verbose:
-        print("kdist run:", " ".join(argv), file=sys.stderr)
+        print(f"kdist {verb}:", " ".join(argv), file=sys.stderr)
     return subprocess.call(argv, env=env)
+
+
+def _launch(args):
+    if args.n < 1:
+        raise SystemExit(f"kdist launch: -n must be at least 1; got {args.n}.")
+    if args.backend == "mpi":
+        return _run(args, verb="launch")
+    if args.mpi_args:
+        raise SystemExit("kdist launch: --mpi-args only applies to --backend mpi.")
+    command = _user_command(args, "launch")
+    # Imported here so that `kdist run` and `kdist info` never pay for it.
+    from kdist.distribute.launch import launch_tf
+
+    if args.verbose:
+        print(f"kdist launch: {args.n} TensorFlow workers:", " ".join(command), file=sys.stderr)
+    try:
+        return launch_tf(args.n, command, prefix=not args.no_prefix)
+    except OSError as error:
+        raise SystemExit(f"kdist launch: cannot start {command[0]}: {error}")
 
 
 def collect_info():
@@ -149,20 +175,33 @@ def _info(args):
     return 0
 
 
+def _add_launch_arguments(parser, what):
+    parser.add_argument("-n", "--np", dest="n", type=int, default=1, help=f"number of {what}")
+    parser.add_argument("--no-prefix", action="store_true",
+                        help="do not prefix output lines with the rank")
+    parser.add_argument("--raw-command", action="store_true",
+                        help="run a .py argument as a command, not with this Python")
+    parser.add_argument("--mpi-args", default="",
+                        help='extra mpiexec arguments, as one string: --mpi-args "--bind-to none"')
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="print the command line that starts the job")
+    parser.add_argument("command", nargs=argparse.REMAINDER)
+
+
 def build_parser():
     parser = argparse.ArgumentParser(prog="kdist", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="verb", required=True)
     run = sub.add_parser("run", help="run a script or command on N ranks through mpiexec")
-    run.add_argument("-n", "--np", dest="n", type=int, default=1, help="number of ranks")
-    run.add_argument("--no-prefix", action="store_true",
-                     help="do not prefix output lines with the rank")
-    run.add_argument("--raw-command", action="store_true",
-                     help="run a .py argument as a command, not with this Python")
-    run.add_argument("--mpi-args", default="",
-                     help='extra mpiexec arguments, as one string: --mpi-args "--bind-to none"')
-    run.add_argument("-v", "--verbose", action="store_true", help="print the mpiexec line")
-    run.add_argument("command", nargs=argparse.REMAINDER)
+    _add_launch_arguments(run, "ranks")
     run.set_defaults(func=_run)
+    launch = sub.add_parser(
+        "launch", help="run a script as N local TensorFlow workers (TF_CONFIG), or MPI ranks")
+    launch.add_argument("--backend", choices=("tf", "mpi"), default="tf",
+                        help="tf: N local workers with TF_CONFIG for "
+                             "tf.distribute.MultiWorkerMirroredStrategy (default); "
+                             "mpi: the same as `kdist run`")
+    _add_launch_arguments(launch, "workers or ranks")
+    launch.set_defaults(func=_launch)
     info = sub.add_parser("info", help="print versions, MPI, ranks, threads and devices")
     info.add_argument("--json", action="store_true", help="print JSON")
     info.set_defaults(func=_info)

@@ -115,3 +115,53 @@ def python_run(tmp_path):
             return json.load(f)
 
     return run
+
+
+@pytest.fixture(scope="session")
+def tf_launch(tmp_path_factory):
+    """Runs a script as N TensorFlow workers through `kdist launch` and collects reports.
+
+    Like `mpirun`, but each worker gets TF_CONFIG instead of an MPI rank and
+    reports with `workers.tf_common.report(obj)`. On `timeout` the launcher
+    gets SIGTERM, which stops its workers, and the test fails with the output.
+    """
+
+    def run(script, n=2, args=(), timeout=120, check=True, env=None, launch_args=()):
+        if not os.path.isabs(script):
+            script = os.path.join(WORKERS, script)
+        report_dir = tmp_path_factory.mktemp("tf_reports")
+        full_env = {name: value for name, value in os.environ.items()
+                    if not name.startswith(("OMPI_", "PMIX_", "PMI_", "SLURM_", "TF_CONFIG"))}
+        full_env.update({
+            "PYTHONPATH": os.pathsep.join([WORKERS, HERE, os.environ.get("PYTHONPATH", "")]),
+            "KDIST_TEST_REPORTS": str(report_dir),
+            "TF_CPP_MIN_LOG_LEVEL": "3",
+            "PYTHONUNBUFFERED": "1",
+        })
+        full_env.update(env or {})
+        argv = [sys.executable, "-m", "kdist.cli", "launch", "-n", str(n), *launch_args,
+                script, *[str(a) for a in args]]
+        process = subprocess.Popen(argv, env=full_env, stdout=subprocess.PIPE,
+                                   stderr=subprocess.STDOUT, text=True)
+        try:
+            output, _ = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.terminate()
+            try:
+                output, _ = process.communicate(timeout=15)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                output, _ = process.communicate()
+            pytest.fail(f"kdist launch did not finish within {timeout} s:\n{output[-6000:]}")
+        results = {}
+        for name in os.listdir(report_dir):
+            if name.startswith("rank-") and name.endswith(".json"):
+                with open(report_dir / name) as f:
+                    results[int(name[5:-5])] = json.load(f)
+        result = MPIResult(process.returncode, output, results)
+        if check and process.returncode != 0:
+            pytest.fail(f"kdist launch failed with exit code {process.returncode}:\n"
+                        f"{output[-6000:]}")
+        return result
+
+    return run
