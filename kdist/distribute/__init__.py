@@ -4,17 +4,22 @@
 - `MPIStrategy`: kdist's MPI allreduce as a strategy (`kdist run`, `mpiexec`, `srun`).
 - `MultiWorkerMirroredStrategy`: TensorFlow's multi-worker strategy, working
   with Keras 3 (`kdist launch`, TF_CONFIG, SLURM).
+
+Names load on first use, so that `kdist launch` starts its workers without
+importing TensorFlow itself.
 """
 
 import importlib as _importlib
 
-from kdist.distribute.mpi_strategy import MPIStrategy, slice_batches
-from kdist.distribute.selection import auto, choose
-
-# The TF-native multi-worker path loads on first use.
-_LAZY = {"MultiWorkerMirroredStrategy": "kdist.distribute.multi_worker",
-         "resolve_cluster": "kdist.distribute.cluster",
-         "cluster_spec_from_environ": "kdist.distribute.cluster"}
+_LAZY = {
+    "MPIStrategy": "kdist.distribute.mpi_strategy",
+    "slice_batches": "kdist.distribute.mpi_strategy",
+    "MultiWorkerMirroredStrategy": "kdist.distribute.multi_worker",
+    "auto": "kdist.distribute.selection",
+    "choose": "kdist.distribute.selection",
+    "resolve_cluster": "kdist.distribute.cluster",
+    "cluster_spec_from_environ": "kdist.distribute.cluster",
+}
 
 
 def __getattr__(name):
@@ -23,5 +28,8 @@ def __getattr__(name):
     raise AttributeError(f"module 'kdist.distribute' has no attribute {name!r}")
 
 
-__all__ = ["MPIStrategy", "MultiWorkerMirroredStrategy", "auto", "choose",
-           "cluster_spec_from_environ", "resolve_cluster", "slice_batches"]
+def __dir__():
+    return sorted(list(globals()) + list(_LAZY))
+
+
+__all__ = sorted(_LAZY)

@@ -1,0 +1,119 @@
+"""TensorFlow's MultiWorkerMirroredStrategy, made to work with Keras 3 `fit`.
+
+With the stock `tf.distribute.MultiWorkerMirroredStrategy` and more than one
+worker, Keras 3's `model.fit` and `model.evaluate` fail before the first step
+(keras-team/keras#20585). Keras's TensorFlow trainer asks the strategy for two
+reductions that TensorFlow's multi-worker code path does not support:
+
+1. `strategy.reduce("MEAN", batch, axis=None)` on a whole data batch, a
+   nested structure such as `(x, y)` of per-replica tensors, to get an
+   example batch for building the model (`_maybe_symbolic_build`). One
+   process reduces such a nest without looking at it; several workers hand
+   it to the collective all-reduce, which accepts only single tensors
+   ("Attempt to convert a value (PerReplica...) to a Tensor").
+2. `strategy.reduce("MEAN", value, axis=0)` on every per-replica loss and
+   metric after each step (`reduce_per_replica`). Those are scalars, which
+   have no axis 0 ("Invalid reduction dimension 0 for input with 0
+   dimensions").
+
+`MultiWorkerMirroredStrategy` here is the stock strategy with `reduce` taught
+both cases: it reduces a nest element by element, and reduces a scalar across
+replicas only (the only reduction a scalar has). Everything else, from
+variable placement and gradient all-reduce to dataset sharding, is
+TensorFlow's. It also finds its cluster without TF_CONFIG, from SLURM or an
+MPI launcher (see `kdist.distribute.cluster`).
+
+Limits, with several workers:
+
+* `steps_per_execution` must be 1. Keras 3 then calls its step function
+  inside a `tf.while_loop`, where TensorFlow cannot hand the step's
+  collectives their keys; this strategy says so while tracing instead of
+  failing with "You must feed a value for placeholder tensor".
+* Building the model all-reduces the first batch of each `fit` and
+  `evaluate` call once, as Keras asks (cheap for most inputs, a moment for
+  large images).
+* Callbacks that write files (ModelCheckpoint, BackupAndRestore,
+  TensorBoard) run on every worker: give workers other than task 0 their
+  own paths.
+
+Run the same script on every worker, e.g. `kdist launch -n 2 train.py`:
+
+    import keras, tensorflow as tf
+    from kdist.distribute.multi_worker import MultiWorkerMirroredStrategy
+
+    strategy = MultiWorkerMirroredStrategy()
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+        model.compile("sgd", "mse")
+    data = tf.data.Dataset.from_tensor_slices(([[0.0] * 4] * 64, [0.0] * 64))
+    model.fit(data.batch(16), epochs=2)   # 16 is the global batch
+
+On one process (no TF_CONFIG, SLURM step or MPI launcher) it is a
+single-worker strategy:
+
+>>> strategy = MultiWorkerMirroredStrategy()
+>>> strategy.num_replicas_in_sync
+1
+"""
+
+import tensorflow as tf
+
+from kdist.distribute import cluster
+
+
+def _check_not_called_from_control_flow():
+    # Multi-worker collectives take their instance keys at call time, through
+    # "call-time captures" that TensorFlow cannot thread through a tf.cond or
+    # tf.while_loop around a nested tf.function: such a step fails at run time
+    # with "You must feed a value for placeholder tensor ...". Keras 3 traces
+    # its step that way when steps_per_execution > 1; say so while tracing.
+    graph = tf.compat.v1.get_default_graph()
+    while getattr(graph, "is_control_flow_graph", False):
+        graph = graph.outer_graph
+    graph = getattr(graph, "outer_graph", None)
+    while graph is not None:
+        if getattr(graph, "is_control_flow_graph", False):
+            raise ValueError(
+                "With several workers, a tf.function that all-reduces cannot be called "
+                "inside tf.cond or tf.while_loop (TensorFlow cannot pass it the collective "
+                "keys there). Keras 3 does that when steps_per_execution > 1: compile the "
+                "model with steps_per_execution=1.")
+        graph = getattr(graph, "outer_graph", None)
+
+
+class MultiWorkerMirroredStrategy(tf.distribute.MultiWorkerMirroredStrategy):
+    """`tf.distribute.MultiWorkerMirroredStrategy` that Keras 3 can `fit` with.
+
+    Args:
+        cluster_resolver: a `tf.distribute.cluster_resolver.ClusterResolver`.
+            By default TF_CONFIG, a SLURM step or an MPI launcher's
+            environment describes the cluster (`kdist.distribute.cluster`);
+            without any of them this process is the only worker.
+        communication_options: `tf.distribute.experimental.CommunicationOptions`,
+            as for the stock strategy.
+
+    >>> float(MultiWorkerMirroredStrategy().reduce("SUM", tf.constant(2.0), axis=0))
+    2.0
+    """
+
+    def __init__(self, cluster_resolver=None, communication_options=None):
+        if cluster_resolver is None:
+            cluster_resolver = cluster.resolve_cluster()
+        super().__init__(cluster_resolver=cluster_resolver,
+                         communication_options=communication_options)
+
+    def reduce(self, reduce_op, value, axis=None):
+        """`tf.distribute.Strategy.reduce`, also for nests and for scalars with an axis."""
+        if self.extended._in_multi_worker_mode():  # pylint: disable=protected-access
+            _check_not_called_from_control_flow()
+        if tf.nest.is_nested(value):
+            return tf.nest.map_structure(lambda v: self.reduce(reduce_op, v, axis), value)
+        if axis is not None and self._each_replica_is_scalar(value):
+            axis = None
+        return super().reduce(reduce_op, value, axis)
+
+    def _each_replica_is_scalar(self, value):
+        # A plain tensor comes back as its own only local result.
+        local = self.experimental_local_results(value)
+        shape = getattr(local[0], "shape", None) if local else None
+        return shape is not None and shape.rank == 0

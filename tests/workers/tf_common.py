@@ -1,0 +1,28 @@
+"""Helpers for scripts that tests run as TensorFlow workers (TF_CONFIG, no MPI)."""
+
+import json
+import os
+
+
+def task_index():
+    """This worker's index: from TF_CONFIG, else its MPI rank, else 0."""
+    if os.environ.get("TF_CONFIG"):
+        return int(json.loads(os.environ["TF_CONFIG"]).get("task", {}).get("index", 0))
+    return int(os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("PMI_RANK", 0)))
+
+
+def one_thread():
+    """One TensorFlow thread of each kind: the test machines have few cores."""
+    import tensorflow as tf
+
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+
+
+def report(obj):
+    """Hands a JSON object back to the test, keyed by the TF_CONFIG task index."""
+    directory = os.environ["KDIST_TEST_REPORTS"]
+    path = os.path.join(directory, f"rank-{task_index()}.json")
+    with open(path + ".tmp", "w") as f:
+        json.dump(obj, f)
+    os.replace(path + ".tmp", path)
