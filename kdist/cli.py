@@ -136,8 +136,14 @@ def collect_info():
         "intra_op_threads": tf.config.threading.get_intra_op_parallelism_threads() or "default",
         "inter_op_threads": tf.config.threading.get_inter_op_parallelism_threads() or "default",
         "devices": [d.name for d in tf.config.list_logical_devices()],
-        "strategy": "MPI allreduce" if kdist.size() > 1 else "single process",
     }
+    from kdist.distribute.selection import choose
+
+    try:
+        choice, reason = choose(gpus=len(tf.config.list_physical_devices("GPU")))
+        info["strategy"] = f"{choice} ({reason})"
+    except ValueError as error:
+        info["strategy"] = f"invalid: {error}"
     try:
         import mpi4py
         from mpi4py import MPI

@@ -33,7 +33,7 @@ def test_info_reports_versions_and_ranks():
     info = json.loads(done.stdout)
     assert info["size"] == 1 and info["rank"] == 0
     assert info["tensorflow"] and info["keras"].startswith("3.")
-    assert info["strategy"] == "single process"
+    assert info["strategy"].startswith("default (one process")
 
 
 @pytest.mark.mpi
@@ -42,6 +42,7 @@ def test_run_prefixes_each_rank_and_reports_info(mpiexec_path):
     assert done.returncode == 0, done.stdout + done.stderr
     assert "[0]" in done.stdout
     assert "size: 2" in done.stdout and "rank 1:" in done.stdout
+    assert "strategy: mpi (started by an MPI launcher with 2 tasks)" in done.stdout
 
 
 @pytest.mark.mpi
