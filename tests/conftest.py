@@ -33,6 +33,16 @@ def _mpiexec():
     return find_mpiexec()
 
 
+def _read_reports(report_dir):
+    """rank -> the JSON object that rank (or TF worker) wrote into `report_dir`."""
+    results = {}
+    for name in os.listdir(report_dir):
+        if name.startswith("rank-") and name.endswith(".json"):
+            with open(os.path.join(report_dir, name)) as f:
+                results[int(name[5:-5])] = json.load(f)
+    return results
+
+
 @pytest.fixture(scope="session")
 def mpiexec_path():
     path = _mpiexec()
@@ -78,11 +88,7 @@ def mpirun(mpiexec_path, tmp_path):
             if isinstance(out, bytes):
                 out = out.decode(errors="replace")
             pytest.fail(f"mpiexec job did not finish within {timeout} s:\n{out[-6000:]}")
-        results = {}
-        for name in os.listdir(report_dir):
-            if name.startswith("rank-") and name.endswith(".json"):
-                with open(report_dir / name) as f:
-                    results[int(name[5:-5])] = json.load(f)
+        results = _read_reports(report_dir)
         result = MPIResult(done.returncode, done.stdout, results)
         if check and done.returncode != 0:
             pytest.fail(f"mpiexec job failed with exit code {done.returncode}:\n"
@@ -153,11 +159,7 @@ def tf_launch(tmp_path_factory):
                 process.kill()
                 output, _ = process.communicate()
             pytest.fail(f"kdist launch did not finish within {timeout} s:\n{output[-6000:]}")
-        results = {}
-        for name in os.listdir(report_dir):
-            if name.startswith("rank-") and name.endswith(".json"):
-                with open(report_dir / name) as f:
-                    results[int(name[5:-5])] = json.load(f)
+        results = _read_reports(report_dir)
         result = MPIResult(process.returncode, output, results)
         if check and process.returncode != 0:
             pytest.fail(f"kdist launch failed with exit code {process.returncode}:\n"

@@ -10,8 +10,13 @@ def report(obj):
     """Hands a JSON object back to the test that launched this rank."""
     import kdist
 
+    write_report(kdist.rank(), obj)
+
+
+def write_report(index, obj):
+    """Writes process `index`'s report atomically where the test collects it."""
     directory = os.environ["KDIST_TEST_REPORTS"]
-    path = os.path.join(directory, f"rank-{kdist.rank()}.json")
+    path = os.path.join(directory, f"rank-{index}.json")
     with open(path + ".tmp", "w") as f:
         json.dump(obj, f)
     os.replace(path + ".tmp", path)

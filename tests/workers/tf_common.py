@@ -3,6 +3,8 @@
 import json
 import os
 
+from common import write_report
+
 
 def task_index():
     """This worker's index: from TF_CONFIG, else its MPI rank, else 0."""
@@ -21,8 +23,4 @@ def one_thread():
 
 def report(obj):
     """Hands a JSON object back to the test, keyed by the TF_CONFIG task index."""
-    directory = os.environ["KDIST_TEST_REPORTS"]
-    path = os.path.join(directory, f"rank-{task_index()}.json")
-    with open(path + ".tmp", "w") as f:
-        json.dump(obj, f)
-    os.replace(path + ".tmp", path)
+    write_report(task_index(), obj)
