@@ -1,0 +1,113 @@
+"""Point-to-point messages of fixed-size byte buffers, for parameter servers.
+
+A server keeps one receive outstanding per peer (`Mailbox`) and serves
+whichever peer's message lands first; a client sends one buffer and waits
+for one reply (`exchange`). Buffers are numpy arrays that MPI reads and
+writes in place, so a message of any size costs no extra copy in Python.
+Small picklable objects (per-epoch logs) travel beside them on another tag.
+"""
+
+import numpy as np
+
+from kdist.comm.processes import _mpi
+
+
+def _raw(comm):
+    if comm.mpi is None:
+        raise ValueError("Point-to-point messages need an MPI job of at least 2 ranks; "
+                         "start the script with mpiexec -n N (N >= 2) or kdist run -n N.")
+    return comm.mpi
+
+
+def _bytes(buffer):
+    return [buffer.reshape(-1).view(np.uint8), _mpi().BYTE]
+
+
+class Mailbox:
+    """One outstanding receive per peer into that peer's own buffer.
+
+    Args:
+        comm: the `kdist.comm.Communicator` the peers belong to.
+        buffers: peer rank (in `comm`) -> the contiguous numpy buffer that
+            peer's messages land in.
+        tag: the MPI tag the peers send with.
+    """
+
+    def __init__(self, comm, buffers, tag):
+        self._comm = _raw(comm)
+        self.peers = list(buffers)
+        self.tag = tag
+        self.buffers = dict(buffers)
+        self._requests = [_mpi().REQUEST_NULL] * len(self.peers)
+        for index in range(len(self.peers)):
+            self.rearm(self.peers[index])
+
+    def rearm(self, peer):
+        """Posts the next receive from `peer` into its buffer."""
+        index = self.peers.index(peer)
+        self._requests[index] = self._comm.Irecv(_bytes(self.buffers[peer]), source=peer,
+                                                 tag=self.tag)
+
+    def wait_any(self):
+        """Blocks until some peer's message arrived; returns that peer.
+
+        Returns None when no receive is outstanding any more.
+        """
+        MPI = _mpi()
+        index = MPI.Request.Waitany(self._requests)
+        if index == MPI.UNDEFINED:
+            return None
+        self._requests[index] = MPI.REQUEST_NULL
+        return self.peers[index]
+
+    def close(self):
+        """Cancels the receives that are still outstanding."""
+        MPI = _mpi()
+        for index, request in enumerate(self._requests):
+            if request != MPI.REQUEST_NULL:
+                request.Cancel()
+                request.Wait()
+                self._requests[index] = MPI.REQUEST_NULL
+
+
+class Outbox:
+    """Non-blocking sends, at most one in flight per peer."""
+
+    def __init__(self, comm, tag):
+        self._comm = _raw(comm)
+        self.tag = tag
+        self._requests = {}
+
+    def wait(self, peer):
+        """Returns once the last send to `peer` finished, so its buffer may change."""
+        previous = self._requests.pop(peer, None)
+        if previous is not None:
+            previous.Wait()
+
+    def send(self, peer, buffer):
+        """Starts sending `buffer` to `peer`; the buffer must stay untouched until
+        `wait(peer)`, the next `send` to the same peer, or `flush`."""
+        self.wait(peer)
+        self._requests[peer] = self._comm.Isend(_bytes(buffer), dest=peer, tag=self.tag)
+
+    def flush(self):
+        for request in self._requests.values():
+            request.Wait()
+        self._requests.clear()
+
+
+def exchange(comm, peer, message, reply, up_tag, down_tag):
+    """Sends `message` to `peer` and waits for its `reply` (both numpy buffers)."""
+    raw = _raw(comm)
+    request = raw.Irecv(_bytes(reply), source=peer, tag=down_tag)
+    raw.Send(_bytes(message), dest=peer, tag=up_tag)
+    request.Wait()
+    return reply
+
+
+def send_object(comm, peer, obj, tag):
+    _raw(comm).send(obj, dest=peer, tag=tag)
+
+
+def recv_object(comm, peer, tag):
+    return _raw(comm).recv(source=peer, tag=tag)
