@@ -27,12 +27,21 @@ def _variable_path(v):
 
 def save_state(path, variables, epoch):
     """Writes `variables` and the epoch to `path` atomically (all or nothing)."""
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
     arrays = {f"v{i:05d}": np.asarray(keras.ops.convert_to_numpy(v))
               for i, v in enumerate(variables)}
     meta = {"epoch": int(epoch), "paths": [_variable_path(v) for v in variables],
             "kdist": __version__}
+    write_npz_atomically(path, arrays, meta)
+
+
+def write_npz_atomically(path, arrays, meta):
+    """Writes numpy `arrays` and a JSON-able `meta` dict to `path`: all or nothing.
+
+    A crash mid-write leaves the previous file in place, never a torn one.
+    """
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    arrays = dict(arrays)
     arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
     handle, temporary = tempfile.mkstemp(dir=directory, prefix=".partial-", suffix=".npz")
     try:

@@ -1,0 +1,118 @@
+"""How a server folds one child's message into the centre, per mode.
+
+A rule owns the per-mode state a checkpoint must keep (master optimizer
+slots, GEM momenta) and calls the pure functions of `algorithms`. It only
+touches the first `trainable_size` values; the server copies the rest.
+"""
+
+import numpy as np
+
+from kdist.ps import algorithms, master_optimizers
+
+MODES = ("downpour", "easgd", "gem")
+
+
+class DownpourRule:
+    """Applies worker updates with the master optimizer; children pull the centre."""
+
+    sends_weights = False
+
+    def __init__(self, trainable_size, optimizer="sgd", staleness_aware=False):
+        self.size = trainable_size
+        self.optimizer = master_optimizers.get(optimizer)
+        self.staleness_aware = staleness_aware
+
+    def absorb(self, child, incoming, center, pulled, stale):
+        """Folds `incoming` into `center`; returns what the child gets back."""
+        scale = algorithms.staleness_factor(stale) if self.staleness_aware else 1.0
+        algorithms.downpour_apply_(center[:self.size], incoming[:self.size], self.optimizer,
+                                   scale)
+        return center
+
+    def get_state(self):
+        return {f"optimizer/{k}": v for k, v in self.optimizer.get_state().items()}
+
+    def set_state(self, state):
+        self.optimizer.set_state({k.split("/", 1)[1]: v for k, v in state.items()
+                                  if k.startswith("optimizer/")})
+
+
+class EasgdRule:
+    """Elastic exchange: the child sends its weights and gets them back pulled
+    towards the centre, which moves towards the child by the same amount."""
+
+    sends_weights = True
+
+    def __init__(self, trainable_size, elastic_force):
+        self.size = trainable_size
+        self.elastic_force = elastic_force
+        self._scratch = np.empty(trainable_size, dtype=np.float32)
+
+    def absorb(self, child, incoming, center, pulled, stale):
+        algorithms.easgd_exchange_(incoming[:self.size], center[:self.size],
+                                   self.elastic_force, self._scratch)
+        return incoming
+
+    def get_state(self):
+        return {}
+
+    def set_state(self, state):
+        pass
+
+
+class GemRule:
+    """Gradient Energy Matching: each update is rescaled per parameter before it
+    is added. The momentum of a child's updates is kept here for it, which
+    equals the child keeping it and costs no traffic."""
+
+    sends_weights = False
+
+    def __init__(self, trainable_size, kappa=1.5, momentum=0.9, staleness_aware=False):
+        self.size = trainable_size
+        self.kappa, self.mu = kappa, momentum
+        self.staleness_aware = staleness_aware
+        self.momenta = {}
+        self._buffers = (np.empty(trainable_size, np.float32),
+                         np.empty(trainable_size, np.float32))
+        self._drift = np.empty(trainable_size, np.float32)
+        self.last_mean_scale = 1.0
+
+    def absorb(self, child, incoming, center, pulled, stale):
+        momentum = self.momenta.get(child)
+        if momentum is None:
+            momentum = self.momenta[child] = np.zeros(self.size, np.float32)
+        # The reply buffer still holds the centre this child pulled last time.
+        np.subtract(center[:self.size], pulled[:self.size], out=self._drift)
+        scale = algorithms.staleness_factor(stale) if self.staleness_aware else 1.0
+        self.last_mean_scale = algorithms.gem_apply_(
+            center[:self.size], incoming[:self.size], momentum, self._drift, self.kappa,
+            self.mu, scale, self._buffers)
+        return center
+
+    def get_state(self):
+        return {f"momentum/{child}": m for child, m in self.momenta.items()}
+
+    def set_state(self, state):
+        self.momenta = {int(k.split("/", 1)[1]): np.array(v, np.float32)
+                        for k, v in state.items() if k.startswith("momentum/")}
+
+
+def make(mode, trainable_size, *, master_optimizer="sgd", elastic_force=0.5, gem_kappa=1.5,
+         gem_momentum=0.9, staleness_aware=False):
+    """The rule for `mode` at the top master."""
+    if mode == "downpour":
+        return DownpourRule(trainable_size, master_optimizer, staleness_aware)
+    if mode == "easgd":
+        return EasgdRule(trainable_size, elastic_force)
+    if mode == "gem":
+        return GemRule(trainable_size, gem_kappa, gem_momentum, staleness_aware)
+    raise ValueError(f"mode must be one of {MODES}; got {mode!r}.")
+
+
+def make_intermediate(mode, trainable_size, elastic_force=0.5):
+    """The rule a sub-master applies to its own workers: plain summation of
+    their updates (the top master applies the configured rule to the sum),
+    or the elastic exchange in EASGD."""
+    if mode == "easgd":
+        return EasgdRule(trainable_size, elastic_force)
+    return DownpourRule(trainable_size, "sgd")

@@ -1,0 +1,199 @@
+"""The parameter server's update rules, optimizers, layout and settings, on one process."""
+
+import keras
+import numpy as np
+import pytest
+
+from kdist.ps import algorithms, master_optimizers, protocol, rules
+from kdist.ps.layout import Layout
+from kdist.ps.server import mean_logs
+from kdist.ps.topology import topology
+
+
+def _rng_arrays(n=64, count=3, seed=0):
+    rng = np.random.default_rng(seed)
+    return [rng.normal(size=n).astype(np.float32) for _ in range(count)]
+
+
+def test_easgd_moves_worker_and_centre_towards_each_other_by_the_same_amount():
+    worker, center, _ = _rng_arrays()
+    w0, c0 = worker.copy(), center.copy()
+    algorithms.easgd_exchange_(worker, center, 0.3, np.empty_like(worker))
+    np.testing.assert_allclose(worker, w0 - 0.3 * (w0 - c0), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(center, c0 + 0.3 * (w0 - c0), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(worker + center, w0 + c0, rtol=1e-6, atol=1e-6)
+
+
+def test_easgd_with_force_one_moves_the_centre_onto_the_worker():
+    worker, center, _ = _rng_arrays()
+    w0 = worker.copy()
+    algorithms.easgd_exchange_(worker, center, 1.0, np.empty_like(worker))
+    np.testing.assert_allclose(center, w0, atol=1e-6)
+
+
+@pytest.mark.parametrize("force", [0.0, -0.1, 1.5])
+def test_easgd_rejects_a_force_outside_zero_one(force):
+    worker, center, _ = _rng_arrays()
+    with pytest.raises(ValueError, match="elastic_force"):
+        algorithms.easgd_exchange_(worker, center, force, np.empty_like(worker))
+
+
+def test_gem_scale_follows_the_formula_and_is_clipped():
+    update, momentum, drift = _rng_arrays()
+    kappa = 1.5
+    expected = np.clip((kappa * np.abs(momentum) - np.abs(drift)) / (np.abs(update) + 1e-8),
+                       0, algorithms.GEM_MAX_SCALE)
+    np.testing.assert_allclose(algorithms.gem_scale(update, momentum, drift, kappa), expected,
+                               rtol=1e-5)
+    huge = algorithms.gem_scale(np.full(4, 1e-6, np.float32), np.ones(4, np.float32),
+                                np.zeros(4, np.float32), 2.0)
+    assert huge.max() == algorithms.GEM_MAX_SCALE
+    none = algorithms.gem_scale(np.ones(4, np.float32), np.zeros(4, np.float32),
+                                np.ones(4, np.float32), 2.0)
+    assert none.max() == 0.0
+
+
+def test_gem_apply_updates_momentum_then_adds_the_rescaled_update():
+    update, momentum, drift = _rng_arrays()
+    center = np.zeros_like(update)
+    u0, m0 = update.copy(), momentum.copy()
+    algorithms.gem_apply_(center, update, momentum, drift, kappa=2.0, mu=0.9)
+    m1 = 0.9 * m0 + u0
+    np.testing.assert_allclose(momentum, m1, rtol=1e-6)
+    factor = np.clip((2.0 * np.abs(m1) - np.abs(drift)) / (np.abs(u0) + 1e-8), 0, 5)
+    np.testing.assert_allclose(center, u0 * factor, rtol=1e-5, atol=1e-6)
+
+
+def test_staleness_counts_updates_since_the_pull_and_scales_the_rate():
+    assert algorithms.staleness(10, 7) == 3
+    assert algorithms.staleness_factor(0) == 1.0
+    assert algorithms.staleness_factor(4) == 0.25
+    with pytest.raises(ValueError):
+        algorithms.staleness(3, 5)
+
+
+def test_downpour_with_sgd_at_rate_one_adds_the_update():
+    update, center, _ = _rng_arrays()
+    expected = center + update
+    algorithms.downpour_apply_(center, update.copy(), master_optimizers.MasterSGD())
+    np.testing.assert_allclose(center, expected, rtol=1e-6)
+
+
+def test_downpour_staleness_scale_multiplies_the_step():
+    update, center, _ = _rng_arrays()
+    expected = center + 0.25 * 0.5 * update
+    algorithms.downpour_apply_(center, update.copy(), master_optimizers.MasterSGD(0.5), 0.25)
+    np.testing.assert_allclose(center, expected, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name,ours,theirs", [
+    ("sgd", master_optimizers.MasterSGD(0.1, momentum=0.9),
+     keras.optimizers.SGD(0.1, momentum=0.9)),
+    ("adam", master_optimizers.MasterAdam(0.01), keras.optimizers.Adam(0.01)),
+])
+def test_master_optimizers_match_keras_with_the_update_as_minus_the_gradient(name, ours,
+                                                                           theirs):
+    updates = _rng_arrays(n=16, count=5, seed=1)
+    center = np.linspace(-1, 1, 16).astype(np.float32)
+    variable = keras.Variable(center.copy())
+    for update in updates:
+        theirs.apply([keras.ops.convert_to_tensor(-update)], [variable])
+        ours.apply_(center, update.copy())
+    np.testing.assert_allclose(center, keras.ops.convert_to_numpy(variable), rtol=1e-4,
+                               atol=1e-5)
+
+
+def test_master_optimizer_state_round_trips():
+    opt = master_optimizers.MasterAdam(0.01)
+    center = np.zeros(8, np.float32)
+    for update in _rng_arrays(n=8):
+        opt.apply_(center, update)
+    restored = master_optimizers.get(opt.get_config())
+    restored.set_state(opt.get_state())
+    a, b = center.copy(), center.copy()
+    opt.apply_(a, np.ones(8, np.float32))
+    restored.apply_(b, np.ones(8, np.float32))
+    np.testing.assert_array_equal(a, b)
+
+
+def test_unknown_master_optimizer_says_what_is_known():
+    with pytest.raises(ValueError, match="'sgd', 'adam'"):
+        master_optimizers.get("rmsprop")
+
+
+def test_gem_rule_uses_the_centre_the_child_last_pulled():
+    rule = rules.make("gem", 4, gem_kappa=1.0, gem_momentum=0.0)
+    center = np.full(4, 2.0, np.float32)
+    pulled = np.full(4, 2.0, np.float32)
+    update = np.ones(4, np.float32)
+    rule.absorb(1, update, center, pulled, stale=0)
+    # No drift, momentum == update, kappa 1: the update passes unscaled.
+    np.testing.assert_allclose(center, 3.0)
+    moved_pulled = np.full(4, 2.5, np.float32)  # centre moved 0.5 since that pull
+    rule.absorb(1, np.ones(4, np.float32), center, moved_pulled, stale=1)
+    np.testing.assert_allclose(center, 3.0 + 0.5, rtol=1e-6)
+
+
+def test_topology_places_masters_submasters_and_workers():
+    assert topology(3) == ({1: 0, 2: 0}, {0: [1, 2]})
+    parent, children = topology(7, submasters=2)
+    assert children == {0: [1, 2], 1: [3, 5], 2: [4, 6]}
+    assert parent[5] == 1 and parent[1] == 0
+
+
+@pytest.mark.parametrize("size,submasters,match", [
+    (1, 0, "at least 2 ranks"),
+    (4, 2, "need at least 2 workers"),
+    (4, -1, "0 or more"),
+])
+def test_topology_rejects_impossible_layouts(size, submasters, match):
+    with pytest.raises(ValueError, match=match):
+        topology(size, submasters)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"sync_every": 0}, "sync_every"),
+    ({"elastic_force": 1.5}, "elastic_force"),
+    ({"elastic_force": 0.0}, "elastic_force"),
+    ({"mode": "hogwild"}, "mode"),
+    ({"gem_kappa": 0}, "gem_kappa"),
+    ({"gem_momentum": 1.0}, "gem_momentum"),
+    ({"validate_every": 0}, "validate_every"),
+    ({}, "at least 2 ranks"),
+])
+def test_strategy_rejects_bad_settings_with_what_to_change(kwargs, match):
+    import kdist
+
+    with pytest.raises(ValueError, match=match):
+        kdist.ps.ParameterServerStrategy(**kwargs)
+
+
+def test_layout_round_trips_a_model_with_trainable_values_first():
+    keras.utils.set_random_seed(1)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4),
+                              keras.layers.BatchNormalization(), keras.layers.Dense(2)])
+    layout = Layout(model)
+    trainable = sum(int(np.prod(v.shape)) for v in model.trainable_variables)
+    assert layout.trainable_size == trainable
+    assert layout.size == trainable + sum(int(np.prod(v.shape))
+                                          for v in model.non_trainable_variables)
+    flat = layout.read()
+    layout.write(flat * 2)
+    np.testing.assert_allclose(layout.read(), flat * 2, rtol=1e-6)
+    with pytest.raises(ValueError, match="Expected"):
+        layout.write(flat[:-1])
+
+
+def test_message_header_and_body_share_one_buffer():
+    message = protocol.Message(5)
+    message.set(kind=protocol.EPOCH_END, epoch=3, stop=True, steps=17)
+    message.body[:] = 1.5
+    assert (message.kind, message.epoch, message.stop, message.steps) == (
+        protocol.EPOCH_END, 3, True, 17)
+    assert message.raw.nbytes == protocol.HEADER_SLOTS * 8 + 5 * 4
+    assert np.frombuffer(message.raw[-4:].tobytes(), np.float32)[0] == 1.5
+
+
+def test_mean_logs_averages_each_metric_over_children():
+    assert mean_logs({1: {"loss": 1.0, "acc": 0.5}, 2: {"loss": 3.0}}) == {"loss": 2.0,
+                                                                          "acc": 0.5}
