@@ -47,7 +47,7 @@ from kdist.comm import (  # noqa: E402
 
 # Modules that need Keras load on first use, so that `kdist run` and `kdist
 # --help` start without importing TensorFlow.
-_LAZY_MODULES = ("callbacks", "distribute", "optimizers", "precision")
+_LAZY_MODULES = ("callbacks", "distribute", "optimizers", "precision", "ps")
 
 
 def __getattr__(name):
@@ -66,6 +66,6 @@ __all__ = [
     "allgather", "allgather_object", "allreduce", "barrier", "broadcast", "broadcast_object",
     "broadcast_variables", "callbacks", "comm", "cross_rank", "distribute", "cross_size", "init",
     "is_initialized", "join", "local_rank", "local_size", "mpi_enabled",
-    "mpi_threads_supported", "optimizers", "precision", "rank", "shutdown", "size",
+    "mpi_threads_supported", "optimizers", "precision", "ps", "rank", "shutdown", "size",
     "__version__",
 ]

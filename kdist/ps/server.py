@@ -1,0 +1,190 @@
+"""The serving loop of the master and of sub-masters.
+
+A server keeps one receive posted per child and answers whichever child's
+message lands first: fold it into the centre with the mode's rule, copy the
+reply into that child's own buffer, start a non-blocking send, post the next
+receive. Nothing else happens on that path: the top master's validation,
+callbacks and checkpoints run on another thread from snapshots the server
+hands over at each epoch's end (`events`).
+
+A sub-master is a server whose centre is, in turn, a child of the master's:
+it reports the change of its centre upwards after every round of its
+children's updates, at each epoch's end and when its children are done.
+"""
+
+import collections
+import logging
+import queue
+import threading
+import time
+
+import numpy as np
+
+from kdist.comm import p2p
+from kdist.ps import algorithms, protocol
+
+logger = logging.getLogger(__name__)
+
+
+def mean_logs(logs_by_child):
+    """The mean of each metric over the children that reported it."""
+    totals = collections.defaultdict(list)
+    for logs in logs_by_child.values():
+        for key, value in logs.items():
+            totals[key].append(value)
+    return {key: float(np.mean(values)) for key, values in totals.items()}
+
+
+class Server:
+    """Serves `children` (ranks of `comm`) around the flat vector `center`.
+
+    Args:
+        comm: the job's `kdist.comm.Communicator`.
+        children: ranks that send updates to this server.
+        center: float32 vector (`Layout.size` long); updated in place.
+        trainable_size: how many leading values the rule updates; the rest
+            (e.g. batch-norm statistics) are copied from the latest child.
+        rule: from `kdist.ps.rules`.
+        link: for a sub-master, its `Link` to the server above; None at the top.
+        report_every: a sub-master reports up after this many updates
+            (default: one per child).
+        first_epoch, clock: where a resumed run starts.
+    """
+
+    def __init__(self, comm, children, center, trainable_size, rule, link=None,
+                 report_every=None, first_epoch=0, clock=0):
+        self.comm = comm
+        self.children = list(children)
+        self.center = center
+        self.trainable_size = trainable_size
+        self.rule = rule
+        self.link = link
+        self.report_every = report_every or len(self.children)
+        self.clock = clock
+        self.pulled_at = {child: clock for child in self.children}
+        self.staleness = collections.Counter()
+        self.next_epoch = first_epoch
+        self.events = queue.Queue()
+        self.busy_seconds = 0.0
+        self.wait_seconds = 0.0
+        self._reports = collections.defaultdict(dict)
+        self._done = set()
+        self._stop = threading.Event()
+        self._since_report = 0
+        if link is not None:
+            link.reply.body[:] = center
+
+    # Called from other threads.
+    def request_stop(self):
+        """Asks every child to stop after its current step (early stopping)."""
+        self._stop.set()
+
+    @property
+    def stopping(self):
+        return self._stop.is_set()
+
+    def stats(self):
+        counts = self.staleness
+        total = sum(counts.values())
+        mean = sum(k * v for k, v in counts.items()) / total if total else 0.0
+        elapsed = self.busy_seconds + self.wait_seconds
+        return {"updates": total, "staleness_mean": mean,
+                "staleness_max": max(counts) if counts else 0,
+                "staleness_histogram": {int(k): int(v) for k, v in sorted(counts.items())},
+                "utilisation": self.busy_seconds / elapsed if elapsed else 0.0,
+                "busy_seconds": self.busy_seconds, "clock": self.clock}
+
+    def run(self):
+        """Serves until every child is done. At the top, ends with a "done" event,
+        or an "error" event carrying the exception."""
+        try:
+            self._serve()
+        except BaseException as error:  # handed to the thread that runs fit
+            if self.link is not None:
+                raise
+            self.events.put(("error", error))
+            return
+        if self.link is None:
+            self.events.put(("done", self.stats()))
+
+    def _serve(self):
+        size = self.center.shape[0]
+        incoming = {child: protocol.Message(size) for child in self.children}
+        replies = {child: protocol.Message(size) for child in self.children}
+        for reply in replies.values():
+            reply.body[:] = self.center
+        mailbox = p2p.Mailbox(self.comm, {c: m.raw for c, m in incoming.items()}, protocol.UP)
+        outbox = p2p.Outbox(self.comm, protocol.DOWN)
+        live = set(self.children)
+        t = self.trainable_size
+        try:
+            while live:
+                waited_from = time.perf_counter()
+                child = mailbox.wait_any()
+                started = time.perf_counter()
+                self.wait_seconds += started - waited_from
+                message, reply = incoming[child], replies[child]
+                outbox.wait(child)
+                stale = algorithms.staleness(self.clock, self.pulled_at[child])
+                self.staleness[stale] += 1
+                outgoing = self.rule.absorb(child, message.body, self.center, reply.body, stale)
+                self.center[t:] = message.body[t:]
+                self.clock += 1
+                self._since_report += 1
+                np.copyto(reply.body, outgoing)
+                kind = message.kind
+                if kind == protocol.EPOCH_END:
+                    logs = p2p.recv_object(self.comm, child, protocol.LOGS)
+                    self._reports[message.epoch][child] = logs
+                elif kind == protocol.DONE:
+                    live.discard(child)
+                    self._done.add(child)
+                reply.set(kind=kind, epoch=message.epoch, stop=self.stopping)
+                outbox.send(child, reply.raw)
+                self.pulled_at[child] = self.clock
+                if kind != protocol.DONE:
+                    mailbox.rearm(child)
+                self.busy_seconds += time.perf_counter() - started
+                if kind != protocol.EXCHANGE:
+                    self._close_epochs()
+                if self.link is not None and live and self._since_report >= self.report_every:
+                    self._report_up(protocol.EXCHANGE)
+            outbox.flush()
+        finally:
+            mailbox.close()
+        if self.link is not None:
+            self._report_up(protocol.DONE)
+
+    def _close_epochs(self):
+        """Hands over every epoch that all children finished (or left)."""
+        while True:
+            reports = self._reports.get(self.next_epoch)
+            if not reports or any(c not in reports and c not in self._done
+                                  for c in self.children):
+                return
+            epoch, logs = self.next_epoch, mean_logs(self._reports.pop(self.next_epoch))
+            self.next_epoch += 1
+            if self.link is not None:
+                self._report_up(protocol.EPOCH_END, epoch, logs)
+            elif not self.stopping:
+                snapshot = {"center": self.center.copy(), "clock": self.clock,
+                            "rule": {k: np.array(v) for k, v in self.rule.get_state().items()},
+                            "stats": self.stats()}
+                self.events.put(("epoch", epoch, logs, snapshot))
+
+    def _report_up(self, kind, epoch=0, logs=None):
+        """A sub-master's exchange with its own server."""
+        started = time.perf_counter()
+        link, t = self.link, self.trainable_size
+        body = link.message.body
+        if self.rule.sends_weights:
+            body[:] = self.center
+        else:
+            np.subtract(self.center[:t], link.reply.body[:t], out=body[:t])
+            body[t:] = self.center[t:]
+        reply = link.exchange(kind, epoch=epoch, steps=self.clock, logs=logs)
+        self.center[:] = reply.body
+        if reply.stop:
+            self._stop.set()
+        self._since_report = 0
+        self.busy_seconds += time.perf_counter() - started

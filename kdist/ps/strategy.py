@@ -1,0 +1,361 @@
+"""`ParameterServerStrategy`: asynchronous training around a central model.
+
+Rank 0 is the master: it holds the central weights, applies the workers'
+updates as they arrive, validates the central model and runs the callbacks.
+The other ranks are workers (or, with `submasters=k`, first k sub-masters
+and then workers): each trains a replica on its shard of the data and
+exchanges with its server every `sync_every` steps. The same script runs on
+every rank:
+
+```python
+strategy = kdist.ps.ParameterServerStrategy(mode="easgd", sync_every=4, elastic_force=0.5)
+with strategy.scope():
+    model = build_model()
+    model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+history = model.fit(x, y, epochs=10, batch_size=32, validation_data=(xv, yv))
+```
+
+After `fit`, every rank holds the final central weights; the master's
+History has the workers' mean training metrics and the central model's
+validation metrics per epoch.
+"""
+
+import contextlib
+import functools
+import logging
+import threading
+
+import keras
+import numpy as np
+
+from kdist.comm import processes
+from kdist.ps import rules, state
+from kdist.ps.layout import Layout
+from kdist.ps.link import Link
+from kdist.ps.server import Server
+from kdist.ps.topology import topology, workers
+from kdist.ps.worker import SyncCallback, WorkerSession, shard
+
+logger = logging.getLogger(__name__)
+
+
+class ParameterServerStrategy:
+    """Asynchronous data parallelism with a master (and optional sub-masters).
+
+    Args:
+        mode: "downpour" (workers push updates, the master applies them with
+            `master_optimizer`), "easgd" (elastic averaging) or "gem"
+            (Gradient Energy Matching: updates rescaled per parameter).
+        sync_every: training steps between a worker's exchanges.
+        master_optimizer: for downpour: "sgd" (plain addition, the default),
+            "adam", a config dict, or a `kdist.ps.MasterSGD`/`MasterAdam`.
+        elastic_force: EASGD's moving rate, in (0, 1].
+        gem_momentum: the momentum `mu` GEM assumes for each worker, in [0, 1).
+        gem_kappa: GEM's target multiple of one worker's momentum (> 0).
+        submasters: sub-masters between the master and the workers.
+        validate_every: the master validates every this many epochs.
+        staleness_aware: scale each update by 1/staleness (downpour, gem).
+        checkpoint_dir: where the master keeps its whole state after every
+            epoch; a rerun of the same command resumes from it.
+        shard: split array or dataset inputs between workers (each gets every
+            n-th row). With False, each rank trains on what it is given.
+        comm: the `kdist.comm.Communicator` to run on (default: the world).
+    """
+
+    def __init__(self, mode="downpour", sync_every=1, master_optimizer="sgd",
+                 elastic_force=0.5, gem_momentum=0.9, gem_kappa=1.5, submasters=0,
+                 validate_every=1, staleness_aware=False, checkpoint_dir=None, shard=True,
+                 comm=None):
+        if mode not in rules.MODES:
+            raise ValueError(f"mode must be one of {rules.MODES}; got {mode!r}.")
+        if not isinstance(sync_every, int) or sync_every < 1:
+            raise ValueError(f"sync_every must be an integer >= 1 (training steps between "
+                             f"exchanges); got {sync_every!r}.")
+        if not 0.0 < elastic_force <= 1.0:
+            raise ValueError(f"elastic_force must lie in (0, 1]; got {elastic_force}. "
+                             "0.5 is a common choice; 1 copies the worker into the centre.")
+        if not 0.0 <= gem_momentum < 1.0:
+            raise ValueError(f"gem_momentum must lie in [0, 1); got {gem_momentum}.")
+        if gem_kappa <= 0:
+            raise ValueError(f"gem_kappa must be positive (about 1 to 2); got {gem_kappa}.")
+        if not isinstance(validate_every, int) or validate_every < 1:
+            raise ValueError(f"validate_every must be an integer >= 1 (epochs); "
+                             f"got {validate_every!r}.")
+        self.mode = mode
+        self.sync_every = sync_every
+        self.master_optimizer = master_optimizer
+        self.elastic_force = float(elastic_force)
+        self.gem_momentum = float(gem_momentum)
+        self.gem_kappa = float(gem_kappa)
+        self.submasters = int(submasters)
+        self.validate_every = validate_every
+        self.staleness_aware = bool(staleness_aware)
+        self.checkpoint_dir = checkpoint_dir
+        self.shard = bool(shard)
+        # Resolve the optimizer now, so a bad name fails on every rank at once.
+        rules.make(mode, 1, master_optimizer=master_optimizer, elastic_force=elastic_force)
+        if comm is None:
+            processes.init()
+            comm = processes.world()
+        self.comm = comm
+        self.parent, self.children = topology(comm.size, self.submasters)
+        self.stats = None
+
+    # Roles.
+    @property
+    def rank(self):
+        return self.comm.rank
+
+    @property
+    def is_master(self):
+        return self.rank == 0
+
+    @property
+    def is_submaster(self):
+        return 0 < self.rank <= self.submasters
+
+    @property
+    def is_worker(self):
+        return self.rank > self.submasters
+
+    @property
+    def num_workers(self):
+        return len(workers(self.comm.size, self.submasters))
+
+    @property
+    def worker_index(self):
+        """This worker's index among the workers, or None on a server."""
+        return self.rank - self.submasters - 1 if self.is_worker else None
+
+    def get_config(self):
+        optimizer = rules.make("downpour", 1, master_optimizer=self.master_optimizer).optimizer
+        return {"mode": self.mode, "sync_every": self.sync_every,
+                "master_optimizer": optimizer.get_config(),
+                "elastic_force": self.elastic_force, "gem_momentum": self.gem_momentum,
+                "gem_kappa": self.gem_kappa, "submasters": self.submasters,
+                "validate_every": self.validate_every,
+                "staleness_aware": self.staleness_aware,
+                "checkpoint_dir": self.checkpoint_dir, "shard": self.shard}
+
+    # Keras integration.
+    @contextlib.contextmanager
+    def scope(self):
+        """Models compiled inside this block train with this strategy in `fit`."""
+        original = keras.Model.compile
+        strategy = self
+
+        @functools.wraps(original)
+        def compile(model, *args, **kwargs):
+            original(model, *args, **kwargs)
+            strategy.distribute(model)
+
+        keras.Model.compile = compile
+        try:
+            yield self
+        finally:
+            keras.Model.compile = original
+
+    def distribute(self, model):
+        """Makes `model.fit` train with this strategy (what `scope()` does at compile)."""
+        # Bypass Keras attribute tracking: this is a plain bound function.
+        object.__setattr__(model, "fit", functools.partial(self.fit, model))
+        return model
+
+    def fit(self, model, x=None, y=None, *, epochs=1, batch_size=None, verbose="auto",
+            callbacks=None, validation_data=None, validation_split=0.0, initial_epoch=0,
+            sample_weight=None, worker_callbacks=None, **fit_kwargs):
+        """Trains `model` on every rank; the same call everywhere.
+
+        Workers run Keras `fit` on their shard (`batch_size` rows per step,
+        `fit_kwargs` passed on) with `worker_callbacks` (for instance a
+        learning-rate schedule of the workers' optimizer). The master runs
+        `callbacks` on the central model and validates it.
+        """
+        if getattr(model, "optimizer", None) is None:
+            raise ValueError("Compile the model (inside strategy.scope()) before fit.")
+        if validation_split:
+            if validation_data is not None:
+                raise ValueError("Pass validation_data or validation_split, not both.")
+            x, y, sample_weight, validation_data = _split(x, y, sample_weight,
+                                                          validation_split)
+        layout = Layout(model)
+        self._check_same_model(layout)
+        resumed = None
+        if self.is_master and self.checkpoint_dir:
+            resumed = state.load(self.checkpoint_dir, layout.size, self.get_config())
+        start = {"epoch": initial_epoch, "clock": 0}
+        if resumed is not None:
+            start = {"epoch": max(initial_epoch, resumed["epoch"] + 1), "clock": resumed["clock"]}
+        start = self.comm.bcast_object(start)
+        center = resumed["center"] if resumed is not None else layout.read()
+        self.comm.bcast_(center)
+        layout.write(center)
+        if self.is_master:
+            if resumed is not None:
+                logger.info("Resuming from %s at epoch %d.",
+                            state.path_in(self.checkpoint_dir), start["epoch"] + 1)
+            history = self._run_master(model, layout, center, start, resumed, epochs,
+                                       callbacks, validation_data, verbose)
+        elif self.is_submaster:
+            history = self._run_submaster(layout, center, start)
+        else:
+            fit_kwargs["callbacks"] = list(worker_callbacks or [])
+            history = self._run_worker(model, layout, x, y, sample_weight, epochs, batch_size,
+                                       start, fit_kwargs)
+        final = layout.read() if self.is_master else np.empty(layout.size, np.float32)
+        self.comm.bcast_(final)
+        layout.write(final)
+        return history
+
+    # Lower-level API.
+    def worker_session(self, models):
+        """A `WorkerSession` for a custom loop on a worker rank (see `kdist.ps.worker`)."""
+        if not self.is_worker:
+            raise ValueError(f"Rank {self.rank} is a server, not a worker; call serve() there.")
+        return WorkerSession(self.comm, self.parent[self.rank], Layout(models),
+                             self.mode == "easgd", self.sync_every)
+
+    def make_server(self, models, center=None, first_epoch=0, clock=0):
+        """The `Server` this rank runs (master or sub-master), for custom loops.
+
+        Call `run()` on it; at the top, read `events` for ("epoch", epoch,
+        logs, snapshot), then ("done", stats) or ("error", exception).
+        """
+        layout = Layout(models)
+        return self._server(layout, layout.read() if center is None else center,
+                            first_epoch, clock)
+
+    def _server(self, layout, center, first_epoch, clock):
+        size = layout.trainable_size
+        if self.is_master:
+            rule = rules.make(self.mode, size, master_optimizer=self.master_optimizer,
+                              elastic_force=self.elastic_force, gem_kappa=self.gem_kappa,
+                              gem_momentum=self.gem_momentum,
+                              staleness_aware=self.staleness_aware)
+            return Server(self.comm, self.children[0], center, size, rule,
+                          first_epoch=first_epoch, clock=clock)
+        if self.is_submaster:
+            rule = rules.make_intermediate(self.mode, size, self.elastic_force)
+            return Server(self.comm, self.children[self.rank], center, size, rule,
+                          link=Link(self.comm, 0, layout.size), first_epoch=first_epoch)
+        raise ValueError(f"Rank {self.rank} is a worker; call worker_session() there.")
+
+    # Roles at work.
+    def _check_same_model(self, layout):
+        shapes = self.comm.allgather_object((layout.size, layout.trainable_size))
+        if len(set(shapes)) > 1:
+            listing = ", ".join(f"rank {r}: {s[0]} values ({s[1]} trainable)"
+                                for r, s in enumerate(shapes))
+            raise ValueError("Every rank must build the same model before fit; got "
+                             + listing + ".")
+
+    def _run_worker(self, model, layout, x, y, sample_weight, epochs, batch_size, start,
+                    fit_kwargs):
+        if self.shard:
+            index, count = self.worker_index, self.num_workers
+            x, y = shard(x, index, count), shard(y, index, count)
+            sample_weight = shard(sample_weight, index, count)
+        session = WorkerSession(self.comm, self.parent[self.rank], layout,
+                                self.mode == "easgd", self.sync_every)
+        for master_only in ("validation_freq", "validation_steps", "validation_batch_size"):
+            fit_kwargs.pop(master_only, None)
+        fit_kwargs["callbacks"].append(SyncCallback(session))
+        return type(model).fit(model, x, y, batch_size=batch_size, epochs=epochs,
+                               initial_epoch=start["epoch"], sample_weight=sample_weight,
+                               verbose=0, **fit_kwargs)
+
+    def _run_submaster(self, layout, center, start):
+        server = self._server(layout, center, start["epoch"], 0)
+        server.run()
+        self.stats = server.stats()
+        return keras.callbacks.History()
+
+    def _run_master(self, model, layout, center, start, resumed, epochs, callbacks,
+                    validation_data, verbose):
+        server = self._server(layout, center, start["epoch"], start["clock"])
+        if resumed is not None:
+            server.rule.set_state(resumed["rule"])
+        history = keras.callbacks.History()
+        callback_list = keras.callbacks.CallbackList(
+            list(callbacks or []) + [history], add_history=False, add_progbar=False,
+            model=model, epochs=epochs, verbose=0)
+        show = verbose != 0
+        thread = threading.Thread(target=server.run, name="kdist-ps-master", daemon=True)
+        model.stop_training = False
+        callback_list.on_train_begin()
+        if resumed is not None:
+            history.history = {k: list(v) for k, v in resumed["history"].items()}
+            history.epoch = list(range(start["epoch"]))
+        thread.start()
+        epoch, logs = start["epoch"], {}
+        if epoch < epochs:
+            callback_list.on_epoch_begin(epoch)
+        while True:
+            event = server.events.get()
+            if event[0] == "error":
+                thread.join()
+                raise RuntimeError("The parameter-server master stopped serving.") from event[1]
+            if event[0] == "done":
+                self.stats = event[1]
+                break
+            _, epoch, logs, snapshot = event
+            if model.stop_training:
+                continue
+            layout.write(snapshot["center"])
+            if validation_data is not None and (epoch + 1) % self.validate_every == 0:
+                logs.update({f"val_{k}": v for k, v in _evaluate(model, validation_data).items()})
+            callback_list.on_epoch_end(epoch, logs)
+            if show:
+                _print_epoch(epoch, epochs, logs, snapshot["stats"])
+            if self.checkpoint_dir:
+                state.save(self.checkpoint_dir, epoch, snapshot, self.get_config(),
+                           history.history)
+            if model.stop_training:
+                logger.info("Stopping every worker after epoch %d (asked by a callback).",
+                            epoch + 1)
+                server.request_stop()
+            elif epoch + 1 < epochs:
+                callback_list.on_epoch_begin(epoch + 1)
+        thread.join()
+        if not model.stop_training and server.next_epoch > start["epoch"]:
+            # The last epoch's centre is final, not the snapshot the callbacks saw.
+            layout.write(server.center)
+        callback_list.on_train_end(logs)
+        if show:
+            _print_summary(self.stats)
+        return history
+
+
+def _evaluate(model, validation_data):
+    if isinstance(validation_data, (tuple, list)):
+        return model.evaluate(*validation_data, verbose=0, return_dict=True)
+    return model.evaluate(validation_data, verbose=0, return_dict=True)
+
+
+def _split(x, y, sample_weight, fraction):
+    """Keeps the last `fraction` of array inputs for validation, as Keras does."""
+    if not 0.0 < fraction < 1.0:
+        raise ValueError(f"validation_split must lie in (0, 1); got {fraction}.")
+    if not hasattr(x, "shape"):
+        raise ValueError("validation_split needs numpy array inputs; pass validation_data.")
+    cut = int(len(x) * (1.0 - fraction))
+    val = (x[cut:], y[cut:]) if y is not None else (x[cut:],)
+    weights = sample_weight[:cut] if sample_weight is not None else None
+    return x[:cut], (y[:cut] if y is not None else None), weights, val
+
+
+def _format(logs):
+    return " - ".join(f"{k}: {v:.4f}" for k, v in logs.items())
+
+
+def _print_epoch(epoch, epochs, logs, stats):
+    print(f"Epoch {epoch + 1}/{epochs} - {_format(logs)} - updates: {stats['updates']} - "
+          f"staleness: {stats['staleness_mean']:.1f} (max {stats['staleness_max']})",
+          flush=True)
+
+
+def _print_summary(stats):
+    print(f"Parameter server: {stats['updates']} updates, master busy "
+          f"{100 * stats['utilisation']:.0f}% of the time, staleness mean "
+          f"{stats['staleness_mean']:.2f}, histogram {stats['staleness_histogram']}",
+          flush=True)
