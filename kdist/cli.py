@@ -36,8 +36,18 @@ def _mpi_flavour(mpiexec):
     return "unknown"
 
 
-def mpiexec_command(nprocs, command, mpiexec=None, extra=()):
-    """The full launcher command line and environment for `command` on `nprocs` ranks."""
+# Open MPI's fault tolerance, with a failure detector quick enough that a
+# parameter server notices a dead worker within seconds.
+FAULT_TOLERANCE_ARGS = ("--with-ft", "ulfm", "--mca", "mpi_ft_detector", "true",
+                        "--mca", "mpi_ft_detector_period", "0.5",
+                        "--mca", "mpi_ft_detector_timeout", "2")
+
+
+def mpiexec_command(nprocs, command, mpiexec=None, extra=(), fault_tolerant=False):
+    """The full launcher command line and environment for `command` on `nprocs` ranks.
+
+    With `fault_tolerant`, ranks that die do not end the job (Open MPI only).
+    """
     if nprocs < 1:
         raise ValueError(f"-n must be at least 1; got {nprocs}.")
     mpiexec = mpiexec or find_mpiexec()
@@ -54,6 +64,11 @@ def mpiexec_command(nprocs, command, mpiexec=None, extra=()):
             env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
         if nprocs > (os.cpu_count() or 1):
             argv.append("--oversubscribe")
+        if fault_tolerant:
+            argv += FAULT_TOLERANCE_ARGS
+    elif fault_tolerant:
+        raise ValueError(f"{mpiexec} is not Open MPI's; fault tolerance (ULFM) needs Open MPI "
+                         "5, which the 'mpi' extra installs.")
     argv += list(extra)
     return argv + list(command), env
 
@@ -80,7 +95,8 @@ def _run(args, verb="run"):
         command = [sys.executable, os.path.join(os.path.dirname(__file__), "_prefix.py"),
                    "--"] + command
     try:
-        argv, env = mpiexec_command(args.n, command, extra=shlex.split(args.mpi_args))
+        argv, env = mpiexec_command(args.n, command, extra=shlex.split(args.mpi_args),
+                                    fault_tolerant=getattr(args, "fault_tolerant", False))
     except (ValueError, FileNotFoundError) as error:
         raise SystemExit(f"kdist {verb}: {error}")
     env.setdefault("PYTHONUNBUFFERED", "1")
@@ -198,6 +214,9 @@ def build_parser():
     parser = argparse.ArgumentParser(prog="kdist", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="verb", required=True)
     run = sub.add_parser("run", help="run a script or command on N ranks through mpiexec")
+    run.add_argument("--fault-tolerant", action="store_true",
+                     help="ranks that die do not end the job (Open MPI's ULFM); for "
+                          "ParameterServerStrategy(fault_tolerant=True)")
     _add_launch_arguments(run, "ranks")
     run.set_defaults(func=_run)
     launch = sub.add_parser(

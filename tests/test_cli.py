@@ -27,6 +27,18 @@ def test_mpiexec_command_adds_what_the_machine_needs(mpiexec_path):
     assert args.mpi_args == "--bind-to none" and args.command == ["train.py", "--epochs", "3"]
 
 
+def test_fault_tolerant_runs_turn_on_open_mpi_ulfm_with_a_quick_detector(mpiexec_path):
+    argv, _ = cli.mpiexec_command(2, ["python", "x.py"], mpiexec=mpiexec_path,
+                                  fault_tolerant=True)
+    assert argv[argv.index("--with-ft") + 1] == "ulfm"
+    assert "mpi_ft_detector_timeout" in argv and argv[-2:] == ["python", "x.py"]
+    args = cli.build_parser().parse_args(["run", "--fault-tolerant", "-n", "3", "train.py"])
+    assert args.fault_tolerant and args.command == ["train.py"]
+    with pytest.raises(ValueError, match="ULFM"):
+        cli.mpiexec_command(2, ["true"], mpiexec="/opt/mpich/bin/mpiexec.hydra",
+                            fault_tolerant=True)
+
+
 def test_info_reports_versions_and_ranks():
     done = kdist_cli("info", "--json")
     assert done.returncode == 0, done.stderr

@@ -102,6 +102,21 @@ def test_a_killed_worker_ends_the_job_quickly_naming_it(mpirun):
     assert ",2]" in job.output or "rank 2" in job.output, job.output[-3000:]
 
 
+def test_with_fault_tolerance_the_master_carries_on_without_a_dead_worker(mpirun):
+    job = mpirun(SCRIPT, n=4, args=["downpour", "--die-on", 2, "--fault-tolerant"],
+                 timeout=180, check=False, fault_tolerant=True)
+    assert "Rank(s) [2] died; carrying on" in job.output, job.output[-3000:]
+    assert "carried on without rank(s) [2]" in job.output
+    assert sorted(job.results) == [0, 1, 3]
+    reference = np.array(job.results[0]["weights"])
+    for rank in (1, 3):
+        np.testing.assert_array_equal(np.array(job.results[rank]["weights"]), reference)
+    master = job.results[0]
+    assert master["stats"]["lost"] == [2]
+    assert len(master["history"]["val_accuracy"]) == 6
+    assert master["val_accuracy"] > 0.9
+
+
 def test_a_raising_worker_ends_the_job_with_its_error(mpirun):
     job = mpirun(SCRIPT, n=4, args=["downpour", "--raise-on", 1], timeout=120, check=False)
     assert job.returncode != 0

@@ -5,6 +5,11 @@ whichever peer's message lands first; a client sends one buffer and waits
 for one reply (`exchange`). Buffers are numpy arrays that MPI reads and
 writes in place, so a message of any size costs no extra copy in Python.
 Small picklable objects (per-epoch logs) travel beside them on another tag.
+
+Under Open MPI's fault tolerance (`mpiexec --with-ft ulfm`), a peer that dies
+surfaces as `PeerFailed` naming it, so a server can carry on without it. The
+failure shows about a second after the death with the failure detector's own
+thread (`--mca mpi_ft_detector_thread true`), else once the server idles.
 """
 
 import numpy as np
@@ -17,6 +22,32 @@ def _raw(comm):
         raise ValueError("Point-to-point messages need an MPI job of at least 2 ranks; "
                          "start the script with mpiexec -n N (N >= 2) or kdist run -n N.")
     return comm.mpi
+
+
+class PeerFailed(RuntimeError):
+    """Peers of a `Mailbox` died (seen only when MPI runs with fault tolerance)."""
+
+    def __init__(self, ranks):
+        self.ranks = sorted(ranks)
+        super().__init__(f"process(es) {self.ranks} failed")
+
+
+def _is_process_failure(error):
+    MPI = _mpi()
+    codes = {getattr(MPI, "ERR_PROC_FAILED", None), getattr(MPI, "ERR_PROC_FAILED_PENDING", None)}
+    return isinstance(error, MPI.Exception) and error.Get_error_class() in codes
+
+
+def failed_ranks(comm):
+    """The ranks of `comm` that MPI knows have died; acknowledges them."""
+    MPI = _mpi()
+    raw = _raw(comm)
+    group = raw.Get_failed()
+    raw.Ack_failed()
+    if group.Get_size() == 0:
+        return []
+    return list(MPI.Group.Translate_ranks(group, list(range(group.Get_size())),
+                                          raw.Get_group()))
 
 
 def _bytes(buffer):
@@ -35,6 +66,7 @@ class Mailbox:
 
     def __init__(self, comm, buffers, tag):
         self._comm = _raw(comm)
+        self._comm_wrapper = comm
         self.peers = list(buffers)
         self.tag = tag
         self.buffers = dict(buffers)
@@ -54,7 +86,15 @@ class Mailbox:
         Returns None when no receive is outstanding any more.
         """
         MPI = _mpi()
-        index = MPI.Request.Waitany(self._requests)
+        try:
+            index = MPI.Request.Waitany(self._requests)
+        except MPI.Exception as error:
+            if not _is_process_failure(error):
+                raise
+            dead = [p for p in failed_ranks(self._comm_wrapper) if p in self.peers]
+            for peer in dead:
+                self._requests[self.peers.index(peer)] = MPI.REQUEST_NULL
+            raise PeerFailed(dead) from error
         if index == MPI.UNDEFINED:
             return None
         self._requests[index] = MPI.REQUEST_NULL
@@ -83,6 +123,10 @@ class Outbox:
         previous = self._requests.pop(peer, None)
         if previous is not None:
             previous.Wait()
+
+    def forget(self, peer):
+        """Drops the send to a peer that died; MPI completes it with an error."""
+        self._requests.pop(peer, None)
 
     def send(self, peer, buffer):
         """Starts sending `buffer` to `peer`; the buffer must stay untouched until

@@ -83,6 +83,15 @@ class Communicator:
             return Communicator(None)
         return Communicator(self._comm.Split(int(color), self.rank if key is None else int(key)))
 
+    def shrink(self):
+        """The communicator of the ranks still alive (Open MPI with `--with-ft ulfm`).
+
+        Every surviving rank must call it. Without failures it is a copy.
+        """
+        if self._comm is None:
+            return Communicator(None)
+        return Communicator(self._comm.Shrink())
+
     def barrier(self):
         if self._comm is not None:
             with self.lock, Deadline.guard("barrier"):

@@ -69,6 +69,7 @@ class Server:
         self.wait_seconds = 0.0
         self._reports = collections.defaultdict(dict)
         self._done = set()
+        self.lost = []
         self._stop = threading.Event()
         self._since_report = 0
         if link is not None:
@@ -92,7 +93,8 @@ class Server:
                 "staleness_max": max(counts) if counts else 0,
                 "staleness_histogram": {int(k): int(v) for k, v in sorted(counts.items())},
                 "utilisation": self.busy_seconds / elapsed if elapsed else 0.0,
-                "busy_seconds": self.busy_seconds, "clock": self.clock}
+                "busy_seconds": self.busy_seconds, "clock": self.clock,
+                "lost": list(self.lost)}
 
     def run(self):
         """Serves until every child is done. At the top, ends with a "done" event,
@@ -120,7 +122,11 @@ class Server:
         try:
             while live:
                 waited_from = time.perf_counter()
-                child = mailbox.wait_any()
+                try:
+                    child = mailbox.wait_any()
+                except p2p.PeerFailed as failure:
+                    self._lose(failure.ranks, live, outbox)
+                    continue
                 started = time.perf_counter()
                 self.wait_seconds += started - waited_from
                 message, reply = incoming[child], replies[child]
@@ -154,6 +160,19 @@ class Server:
             mailbox.close()
         if self.link is not None:
             self._report_up(protocol.DONE)
+
+    def _lose(self, ranks, live, outbox):
+        """Carries on without children that died (MPI fault tolerance is on)."""
+        for rank in ranks:
+            live.discard(rank)
+            self._done.add(rank)
+            outbox.forget(rank)
+            self.lost.append(rank)
+        logger.warning("Rank(s) %s died; carrying on with the %d other child(ren) of this "
+                       "server: %s.", ranks, len(live), sorted(live))
+        if not live and len(self.lost) == len(self.children):
+            raise RuntimeError(f"Every child of this server died: {sorted(self.lost)}.")
+        self._close_epochs()
 
     def _close_epochs(self):
         """Hands over every epoch that all children finished (or left)."""

@@ -59,13 +59,16 @@ class ParameterServerStrategy:
             epoch; a rerun of the same command resumes from it.
         shard: split array or dataset inputs between workers (each gets every
             n-th row). With False, each rank trains on what it is given.
+        fault_tolerant: carry on when workers die, with the survivors. Needs
+            Open MPI's fault tolerance: `mpiexec --with-ft ulfm`. Without it
+            (the default) a dead worker ends the whole job.
         comm: the `kdist.comm.Communicator` to run on (default: the world).
     """
 
     def __init__(self, mode="downpour", sync_every=1, master_optimizer="sgd",
                  elastic_force=0.5, gem_momentum=0.9, gem_kappa=1.5, submasters=0,
                  validate_every=1, staleness_aware=False, checkpoint_dir=None, shard=True,
-                 comm=None):
+                 fault_tolerant=False, comm=None):
         if mode not in rules.MODES:
             raise ValueError(f"mode must be one of {rules.MODES}; got {mode!r}.")
         if not isinstance(sync_every, int) or sync_every < 1:
@@ -92,6 +95,7 @@ class ParameterServerStrategy:
         self.staleness_aware = bool(staleness_aware)
         self.checkpoint_dir = checkpoint_dir
         self.shard = bool(shard)
+        self.fault_tolerant = bool(fault_tolerant)
         # Resolve the optimizer now, so a bad name fails on every rank at once.
         rules.make(mode, 1, master_optimizer=master_optimizer, elastic_force=elastic_force)
         if comm is None:
@@ -135,7 +139,8 @@ class ParameterServerStrategy:
                 "gem_kappa": self.gem_kappa, "submasters": self.submasters,
                 "validate_every": self.validate_every,
                 "staleness_aware": self.staleness_aware,
-                "checkpoint_dir": self.checkpoint_dir, "shard": self.shard}
+                "checkpoint_dir": self.checkpoint_dir, "shard": self.shard,
+                "fault_tolerant": self.fault_tolerant}
 
     # Keras integration.
     @contextlib.contextmanager
@@ -203,7 +208,8 @@ class ParameterServerStrategy:
             history = self._run_worker(model, layout, x, y, sample_weight, epochs, batch_size,
                                        start, fit_kwargs)
         final = layout.read() if self.is_master else np.empty(layout.size, np.float32)
-        self.comm.bcast_(final)
+        survivors = self.comm.shrink() if self.fault_tolerant else self.comm
+        survivors.bcast_(final)
         layout.write(final)
         return history
 
@@ -359,3 +365,6 @@ def _print_summary(stats):
           f"{100 * stats['utilisation']:.0f}% of the time, staleness mean "
           f"{stats['staleness_mean']:.2f}, histogram {stats['staleness_histogram']}",
           flush=True)
+    if stats["lost"]:
+        print(f"Parameter server: carried on without rank(s) {stats['lost']}, which died.",
+              flush=True)

@@ -22,6 +22,7 @@ parser.add_argument("--stop-after", type=int, help="end the job after this epoch
 parser.add_argument("--early-stopping", action="store_true")
 parser.add_argument("--die-on", type=int)
 parser.add_argument("--raise-on", type=int)
+parser.add_argument("--fault-tolerant", action="store_true")
 parser.add_argument("--baseline", action="store_true")
 parser.add_argument("--lr", type=float, default=0.05)
 parser.add_argument("--elastic-force", type=float, default=0.5)
@@ -65,7 +66,8 @@ if args.baseline:
 
 strategy = kdist.ps.ParameterServerStrategy(
     mode=args.mode, sync_every=args.sync_every, submasters=args.submasters,
-    checkpoint_dir=args.checkpoint, elastic_force=args.elastic_force)
+    checkpoint_dir=args.checkpoint, elastic_force=args.elastic_force,
+    fault_tolerant=args.fault_tolerant)
 
 
 class Trouble(keras.callbacks.Callback):
