@@ -72,18 +72,28 @@ def test_staleness_counts_updates_since_the_pull_and_scales_the_rate():
         algorithms.staleness(3, 5)
 
 
-def test_downpour_with_sgd_at_rate_one_adds_the_update():
-    update, center, _ = _rng_arrays()
-    expected = center + update
-    algorithms.downpour_apply_(center, update.copy(), master_optimizers.MasterSGD())
-    np.testing.assert_allclose(center, expected, rtol=1e-6)
+def test_downpour_with_sgd_at_rate_one_adds_the_update_into_the_reply():
+    update, center, reply = _rng_arrays()
+    before = center.copy()
+    algorithms.downpour_apply(center, update.copy(), master_optimizers.MasterSGD(), reply)
+    np.testing.assert_allclose(reply, before + update, rtol=1e-6)
+    np.testing.assert_array_equal(center, before)  # the old centre is left alone
 
 
 def test_downpour_staleness_scale_multiplies_the_step():
     update, center, _ = _rng_arrays()
     expected = center + 0.25 * 0.5 * update
-    algorithms.downpour_apply_(center, update.copy(), master_optimizers.MasterSGD(0.5), 0.25)
+    algorithms.downpour_apply(center, update.copy(), master_optimizers.MasterSGD(0.5), center,
+                              0.25)
     np.testing.assert_allclose(center, expected, rtol=1e-5)
+
+
+def test_easgd_can_write_the_worker_elsewhere():
+    worker, center, out = _rng_arrays()
+    w0, c0 = worker.copy(), center.copy()
+    algorithms.easgd_exchange_(worker, center, 0.5, np.empty_like(worker), worker_out=out)
+    np.testing.assert_array_equal(worker, w0)
+    np.testing.assert_allclose(out, w0 - 0.5 * (w0 - c0), rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("name,ours,theirs", [
@@ -124,13 +134,13 @@ def test_unknown_master_optimizer_says_what_is_known():
 def test_gem_rule_uses_the_centre_the_child_last_pulled():
     rule = rules.make("gem", 4, gem_kappa=1.0, gem_momentum=0.0)
     center = np.full(4, 2.0, np.float32)
-    pulled = np.full(4, 2.0, np.float32)
-    update = np.ones(4, np.float32)
-    rule.absorb(1, update, center, pulled, stale=0)
+    reply = np.full(4, 2.0, np.float32)  # what child 1 pulled: no drift since
+    center = rule.absorb(1, np.ones(4, np.float32), center, reply, stale=0)
     # No drift, momentum == update, kappa 1: the update passes unscaled.
+    assert center is reply
     np.testing.assert_allclose(center, 3.0)
-    moved_pulled = np.full(4, 2.5, np.float32)  # centre moved 0.5 since that pull
-    rule.absorb(1, np.ones(4, np.float32), center, moved_pulled, stale=1)
+    other = np.full(4, 2.5, np.float32)  # child 2 pulled when the centre was 2.5
+    center = rule.absorb(2, np.ones(4, np.float32), center, other, stale=1)
     np.testing.assert_allclose(center, 3.0 + 0.5, rtol=1e-6)
 
 

@@ -32,27 +32,35 @@ def staleness_factor(stale):
     return 1.0 / max(1, stale)
 
 
-def downpour_apply_(center, update, optimizer, scale=1.0):
+def downpour_apply(center, update, optimizer, out, scale=1.0):
     """Downpour: the master optimizer applies a worker's update to the centre.
 
+    The new centre is written to `out`, which may be `center` itself: a
+    server that keeps the result in the reply buffer saves a copy per update.
     `optimizer` is a `kdist.ps.MasterSGD`/`MasterAdam`; it treats `-update`
     as the gradient. `scale` (e.g. a staleness factor) multiplies the step.
     """
-    optimizer.apply_(center, update, scale)
+    if scale == 1.0 and optimizer.adds_plainly:
+        np.add(center, update, out=out)
+        return
+    if out is not center:
+        np.copyto(out, center)
+    optimizer.apply_(out, update, scale)
 
 
-def easgd_exchange_(worker, center, elastic_force, scratch):
+def easgd_exchange_(worker, center, elastic_force, scratch, worker_out=None):
     """Elastic averaging: worker and centre move towards each other.
 
     `w <- w - a (w - c)` and `c <- c + a (w - c)`, computed once into
-    `scratch`. Both arrays change in place.
+    `scratch`. The centre changes in place; the worker's new values go to
+    `worker_out` (default: `worker`, in place).
     """
     if not 0.0 < elastic_force <= 1.0:
         raise ValueError(f"elastic_force must lie in (0, 1]; got {elastic_force}.")
     np.subtract(worker, center, out=scratch)
     scratch *= elastic_force
     center += scratch
-    worker -= scratch
+    np.subtract(worker, scratch, out=worker if worker_out is None else worker_out)
 
 
 def gem_momentum_(momentum, update, mu):
@@ -82,16 +90,18 @@ def gem_scale(update, momentum, drift, kappa, eps=1e-8, out=None, scratch=None):
     return out
 
 
-def gem_apply_(center, update, momentum, drift, kappa, mu, scale=1.0, buffers=(None, None)):
+def gem_apply_(center, update, momentum, drift, kappa, mu, scale=1.0, buffers=(None, None),
+               out=None):
     """GEM at the master: update the worker's momentum, rescale `update`, add it.
 
     `update` is rescaled in place; `buffers` are two arrays of its size to
-    compute in. Returns the mean factor, for logging.
+    compute in; the new centre goes to `out` (default: `center`, in place).
+    Returns the mean factor, for logging.
     """
     gem_momentum_(momentum, update, mu)
     factor = gem_scale(update, momentum, drift, kappa, out=buffers[0], scratch=buffers[1])
     update *= factor
     if scale != 1.0:
         update *= scale
-    center += update
+    np.add(center, update, out=center if out is None else out)
     return float(factor.mean()) if factor.size else 1.0

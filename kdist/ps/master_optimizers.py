@@ -30,6 +30,11 @@ class MasterSGD:
         self.momentum = float(momentum)
         self._velocity = None
 
+    @property
+    def adds_plainly(self):
+        """True when a step is just `c + u`, so it may be written anywhere."""
+        return self.learning_rate == 1.0 and self.momentum == 0.0
+
     def apply_(self, center, update, scale=1.0):
         step = self.learning_rate * scale
         if self.momentum == 0.0:
@@ -73,6 +78,8 @@ class MasterAdam:
         self._m = self._v = None
         self._scratch = None
         self.iterations = 0
+
+    adds_plainly = False
 
     def apply_(self, center, update, scale=1.0):
         if self._m is None:

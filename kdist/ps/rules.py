@@ -3,6 +3,13 @@
 A rule owns the per-mode state a checkpoint must keep (master optimizer
 slots, GEM momenta) and calls the pure functions of `algorithms`. It only
 touches the first `trainable_size` values; the server copies the rest.
+
+`absorb(child, incoming, center, reply, stale)` is called with `reply`
+holding the centre that child pulled last. It leaves in `reply` what the
+child gets back and returns the array that now holds the centre. Downpour
+and GEM write the new centre straight into `reply` and return it, so the
+reply costs no copy; they never write into `center`, which may be another
+child's reply still on its way.
 """
 
 import numpy as np
@@ -22,12 +29,11 @@ class DownpourRule:
         self.optimizer = master_optimizers.get(optimizer)
         self.staleness_aware = staleness_aware
 
-    def absorb(self, child, incoming, center, pulled, stale):
-        """Folds `incoming` into `center`; returns what the child gets back."""
+    def absorb(self, child, incoming, center, reply, stale):
         scale = algorithms.staleness_factor(stale) if self.staleness_aware else 1.0
-        algorithms.downpour_apply_(center[:self.size], incoming[:self.size], self.optimizer,
-                                   scale)
-        return center
+        t = self.size
+        algorithms.downpour_apply(center[:t], incoming[:t], self.optimizer, reply[:t], scale)
+        return reply
 
     def get_state(self):
         return {f"optimizer/{k}": v for k, v in self.optimizer.get_state().items()}
@@ -48,10 +54,11 @@ class EasgdRule:
         self.elastic_force = elastic_force
         self._scratch = np.empty(trainable_size, dtype=np.float32)
 
-    def absorb(self, child, incoming, center, pulled, stale):
-        algorithms.easgd_exchange_(incoming[:self.size], center[:self.size],
-                                   self.elastic_force, self._scratch)
-        return incoming
+    def absorb(self, child, incoming, center, reply, stale):
+        t = self.size
+        algorithms.easgd_exchange_(incoming[:t], center[:t], self.elastic_force, self._scratch,
+                                   worker_out=reply[:t])
+        return center
 
     def get_state(self):
         return {}
@@ -77,17 +84,18 @@ class GemRule:
         self._drift = np.empty(trainable_size, np.float32)
         self.last_mean_scale = 1.0
 
-    def absorb(self, child, incoming, center, pulled, stale):
+    def absorb(self, child, incoming, center, reply, stale):
+        t = self.size
         momentum = self.momenta.get(child)
         if momentum is None:
-            momentum = self.momenta[child] = np.zeros(self.size, np.float32)
+            momentum = self.momenta[child] = np.zeros(t, np.float32)
         # The reply buffer still holds the centre this child pulled last time.
-        np.subtract(center[:self.size], pulled[:self.size], out=self._drift)
+        np.subtract(center[:t], reply[:t], out=self._drift)
         scale = algorithms.staleness_factor(stale) if self.staleness_aware else 1.0
         self.last_mean_scale = algorithms.gem_apply_(
-            center[:self.size], incoming[:self.size], momentum, self._drift, self.kappa,
-            self.mu, scale, self._buffers)
-        return center
+            center[:t], incoming[:t], momentum, self._drift, self.kappa, self.mu, scale,
+            self._buffers, out=reply[:t])
+        return reply
 
     def get_state(self):
         return {f"momentum/{child}": m for child, m in self.momenta.items()}

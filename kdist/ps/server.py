@@ -74,6 +74,7 @@ class Server:
         self._since_report = 0
         if link is not None:
             link.reply.body[:] = center
+            self._own_center = np.empty_like(center)
 
     # Called from other threads.
     def request_stop(self):
@@ -133,11 +134,12 @@ class Server:
                 outbox.wait(child)
                 stale = algorithms.staleness(self.clock, self.pulled_at[child])
                 self.staleness[stale] += 1
-                outgoing = self.rule.absorb(child, message.body, self.center, reply.body, stale)
+                self.center = self.rule.absorb(child, message.body, self.center, reply.body,
+                                               stale)
                 self.center[t:] = message.body[t:]
+                reply.body[t:] = message.body[t:]
                 self.clock += 1
                 self._since_report += 1
-                np.copyto(reply.body, outgoing)
                 kind = message.kind
                 if kind == protocol.EPOCH_END:
                     logs = p2p.recv_object(self.comm, child, protocol.LOGS)
@@ -202,7 +204,9 @@ class Server:
             np.subtract(self.center[:t], link.reply.body[:t], out=body[:t])
             body[t:] = self.center[t:]
         reply = link.exchange(kind, epoch=epoch, steps=self.clock, logs=logs)
-        self.center[:] = reply.body
+        # The centre may be a child's reply buffer (see rules): take our own.
+        np.copyto(self._own_center, reply.body)
+        self.center = self._own_center
         if reply.stop:
             self._stop.set()
         self._since_report = 0

@@ -104,6 +104,7 @@ class ParameterServerStrategy:
         self.comm = comm
         self.parent, self.children = topology(comm.size, self.submasters)
         self.stats = None
+        self.epoch_stats = []
 
     # Roles.
     @property
@@ -287,6 +288,7 @@ class ParameterServerStrategy:
             model=model, epochs=epochs, verbose=0)
         show = verbose != 0
         thread = threading.Thread(target=server.run, name="kdist-ps-master", daemon=True)
+        self.epoch_stats = []
         model.stop_training = False
         callback_list.on_train_begin()
         if resumed is not None:
@@ -307,6 +309,7 @@ class ParameterServerStrategy:
             _, epoch, logs, snapshot = event
             if model.stop_training:
                 continue
+            self.epoch_stats.append(dict(snapshot["stats"], epoch=epoch))
             layout.write(snapshot["center"])
             if validation_data is not None and (epoch + 1) % self.validate_every == 0:
                 logs.update({f"val_{k}": v for k, v in _evaluate(model, validation_data).items()})

@@ -1,0 +1,164 @@
+"""Updates and wall time to a target accuracy: synchronous allreduce vs Downpour, EASGD, GEM.
+
+    python benchmarks/ps_convergence.py [--workers 4] [--target 0.92]
+
+Each method trains the same MLP on the same generated classification task
+with `--workers` training processes (the parameter-server runs add one
+master), each on its shard with batches of 32. Per epoch, the model that
+counts (rank 0's replica for allreduce, the central model otherwise) is
+validated; the table reports, for the first epoch that reaches `--target`
+validation accuracy, the wall time since training began, the updates applied
+(synchronous steps, or the master's applied updates), and the staleness the
+master saw. Settings per method follow common practice: allreduce and EASGD,
+which average, scale the learning rate with the number of workers.
+Prints one JSON object.
+"""
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+BASE_LR = 0.05
+METHODS = {
+    "allreduce": {"lr_scale": "workers"},
+    "downpour": {"lr_scale": 1},
+    "easgd": {"lr_scale": "workers", "sync_every": 4, "elastic_force": 0.5},
+    "gem": {"lr_scale": 1},
+}
+
+
+def task(seed=11, rows=8192, inputs=20, classes=4):
+    rng = np.random.default_rng(seed)
+    w1 = rng.normal(size=(inputs, 16))
+    w2 = rng.normal(size=(16, classes))
+    x = rng.normal(size=(rows + 2048, inputs)).astype("float32")
+    y = np.argmax(np.tanh(x @ w1) @ w2 + 0.3 * rng.normal(size=(len(x), classes)), axis=-1)
+    y = y.astype("int64")
+    return (x[:rows], y[:rows]), (x[rows:], y[rows:])
+
+
+def child(method, epochs, workers):
+    from _mlp import one_thread
+
+    one_thread()
+    import keras
+
+    import kdist
+
+    kdist.init()
+    settings = METHODS[method]
+    scale = workers if settings["lr_scale"] == "workers" else settings["lr_scale"]
+    (x, y), (xv, yv) = task()
+    strategy = None
+    if method != "allreduce":
+        strategy = kdist.ps.ParameterServerStrategy(
+            mode=method, sync_every=settings.get("sync_every", 1),
+            elastic_force=settings.get("elastic_force", 0.5))
+
+    def build():
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([keras.Input((20,)), keras.layers.Dense(64, activation="relu"),
+                                  keras.layers.Dense(64, activation="relu"),
+                                  keras.layers.Dense(4)])
+        optimizer = keras.optimizers.SGD(BASE_LR * scale)
+        if strategy is None:
+            optimizer = kdist.DistributedOptimizer(optimizer)
+        model.compile(optimizer=optimizer, metrics=["accuracy"],
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        return model
+
+    records = []
+
+    class Record(keras.callbacks.Callback):
+        def on_train_begin(self, logs=None):
+            self.started = time.perf_counter()
+            self.steps = 0
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.steps += 1
+
+        def on_epoch_end(self, epoch, logs=None):
+            if strategy is None:
+                accuracy = self.model.evaluate(xv, yv, verbose=0, return_dict=True)["accuracy"]
+                stats = {"updates": self.steps, "staleness_mean": 0.0, "staleness_max": 0}
+            else:
+                accuracy = logs["val_accuracy"]
+                stats = strategy.epoch_stats[-1]
+            records.append({"epoch": epoch + 1, "val_accuracy": float(accuracy),
+                            "seconds": time.perf_counter() - self.started,
+                            "updates": stats["updates"],
+                            "staleness_mean": stats["staleness_mean"],
+                            "staleness_max": stats["staleness_max"]})
+
+    if strategy is None:
+        model = build()
+        shard = slice(kdist.rank(), None, kdist.size())
+        callbacks = [kdist.callbacks.BroadcastGlobalVariablesCallback(0)]
+        if kdist.rank() == 0:
+            callbacks.append(Record())
+        model.fit(x[shard], y[shard], batch_size=32, epochs=epochs, verbose=0, shuffle=False,
+                  callbacks=callbacks)
+    else:
+        with strategy.scope():
+            model = build()
+        model.fit(x, y, batch_size=32, epochs=epochs, verbose=0, shuffle=False,
+                  validation_data=(xv, yv), callbacks=[Record()] if strategy.is_master else [])
+    if kdist.rank() == 0:
+        print("RESULT " + json.dumps({"method": method, "records": records}), flush=True)
+
+
+def run(method, epochs, workers):
+    sys.path.insert(0, os.path.dirname(HERE))
+    from kdist.cli import mpiexec_command
+
+    ranks = workers if method == "allreduce" else workers + 1
+    command = [sys.executable, "-u", os.path.abspath(__file__), "--child", method,
+               "--epochs", str(epochs), "--workers", str(workers)]
+    argv, env = mpiexec_command(ranks, command)
+    env.update({"TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": os.pathsep.join(
+        [HERE, os.path.dirname(HERE), env.get("PYTHONPATH", "")])})
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=1800)
+    found = re.findall(r"^RESULT (.*)$", done.stdout, re.M)
+    if done.returncode != 0 or not found:
+        raise SystemExit(f"{method} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    return json.loads(found[0])["records"]
+
+
+def summarise(records, target):
+    for record in records:
+        if record["val_accuracy"] >= target:
+            return dict(record, reached=True)
+    return dict(records[-1], reached=False)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--epochs", type=int, default=8)
+    parser.add_argument("--target", type=float, default=0.9)
+    parser.add_argument("--methods", default=",".join(METHODS))
+    parser.add_argument("--child")
+    args = parser.parse_args()
+    if args.child:
+        child(args.child, args.epochs, args.workers)
+        return
+    table = {}
+    for method in args.methods.split(","):
+        if method not in METHODS:
+            raise SystemExit(f"Unknown method {method!r}; choose from {', '.join(METHODS)}.")
+        records = run(method, args.epochs, args.workers)
+        table[method] = {"to_target": summarise(records, args.target), "epochs": records,
+                         "settings": METHODS[method]}
+    print(json.dumps({"workers": args.workers, "target_val_accuracy": args.target,
+                      "base_learning_rate": BASE_LR, "methods": table}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
