@@ -25,7 +25,7 @@ import time
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-BASE_LR = 0.05
+BASE_LR = 0.01
 METHODS = {
     "allreduce": {"lr_scale": "workers"},
     "downpour": {"lr_scale": 1},
@@ -36,11 +36,9 @@ METHODS = {
 
 def task(seed=11, rows=8192, inputs=20, classes=4):
     rng = np.random.default_rng(seed)
-    w1 = rng.normal(size=(inputs, 16))
-    w2 = rng.normal(size=(16, classes))
+    w = rng.normal(size=(inputs, classes))
     x = rng.normal(size=(rows + 2048, inputs)).astype("float32")
-    y = np.argmax(np.tanh(x @ w1) @ w2 + 0.3 * rng.normal(size=(len(x), classes)), axis=-1)
-    y = y.astype("int64")
+    y = np.argmax(x @ w + 0.5 * rng.normal(size=(len(x), classes)), axis=-1).astype("int64")
     return (x[:rows], y[:rows]), (x[rows:], y[rows:])
 
 
@@ -141,7 +139,7 @@ def summarise(records, target):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--workers", type=int, default=4)
-    parser.add_argument("--epochs", type=int, default=8)
+    parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--target", type=float, default=0.9)
     parser.add_argument("--methods", default=",".join(METHODS))
     parser.add_argument("--child")

@@ -35,3 +35,26 @@ def test_weak_scaling_benchmark_compares_all_cases_in_one_run(mpiexec_path):
     assert set(result["ms_per_step"]) == modes
     assert set(result["efficiency"]) == modes - {"single"}
     assert all(value > 0 for value in result["efficiency"].values())
+
+
+def test_ps_throughput_benchmark_compares_each_mode_with_the_add_bound(mpirun):
+    job = mpirun(os.path.join(ROOT, "benchmarks", "ps_throughput.py"), n=3,
+                 args=["--sizes", "100000", "--seconds", "0.2"])
+    result = _json_from(job.output)
+    assert result["workers"] == 2
+    assert [case["mode"] for case in result["cases"]] == ["downpour", "easgd", "gem"]
+    for case in result["cases"]:
+        assert case["updates"] > 0 and case["fraction_of_bound"] > 0
+        assert case["parameters"] == 100000
+
+
+def test_ps_convergence_benchmark_reports_each_method_against_the_target(mpiexec_path):
+    done = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "benchmarks", "ps_convergence.py"), "--workers",
+         "2", "--epochs", "1", "--target", "0.5", "--methods", "allreduce,gem"],
+        capture_output=True, text=True, timeout=400, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = _json_from(done.stdout)
+    assert set(result["methods"]) == {"allreduce", "gem"}
+    for method in result["methods"].values():
+        assert len(method["epochs"]) == 1 and method["to_target"]["updates"] > 0

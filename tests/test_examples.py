@@ -28,3 +28,17 @@ def test_strategy_example_under_kdist_launch_uses_the_multi_worker_strategy(tf_l
     job = tf_launch(STRATEGY_EXAMPLE, n=2, args=["--epochs", 3], timeout=240)
     assert "MultiWorkerMirroredStrategy: 2 replica(s), global batch 64" in job.output
     assert _accuracy(job.output) > 0.85
+
+
+PS_EXAMPLE = os.path.join(ROOT, "examples", "ps_quickstart.py")
+
+
+@pytest.mark.mpi
+def test_parameter_server_example_learns_and_saves_the_central_model(mpirun, tmp_path):
+    saved = tmp_path / "digits.keras"
+    job = mpirun(PS_EXAMPLE, n=4, args=["--mode", "gem", "--epochs", 4, "--save", saved],
+                 timeout=240)
+    assert "ParameterServerStrategy(gem): 3 worker(s)" in job.output
+    assert "Epoch 4/4" in job.output
+    assert _accuracy(job.output) > 0.85
+    assert saved.exists()
