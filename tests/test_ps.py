@@ -69,6 +69,19 @@ def test_submasters_aggregate_for_their_workers(mpirun, sgd_accuracy):
     assert job.results[2]["stats"] is None  # a worker
 
 
+def test_a_model_of_two_halves_with_two_optimizers_exchanges_both(mpirun):
+    job = mpirun("ps_two_models.py", n=3, timeout=180)
+    assert sorted(job.results) == [0, 1, 2]
+    first, second = job.results[0]["first"], job.results[0]["second"]
+    for rank in (1, 2):
+        assert job.results[rank]["first"] == first and job.results[rank]["second"] == second
+    # 4-8-1 and 1-1 dense layers: 49 + 2 values, and no optimizer slots.
+    assert job.results[0]["exchanged"] == 51
+    assert all(moved > 0 for moved in job.results[0]["moved"])
+    history = job.results[0]["history"]
+    assert history["first_loss"][-1] < history["first_loss"][0]
+
+
 def test_early_stopping_on_the_master_stops_every_rank(mpirun):
     job = mpirun(SCRIPT, n=4, args=["downpour", "--early-stopping"], timeout=240)
     _same_weights_everywhere(job, 4)

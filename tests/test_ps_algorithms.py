@@ -131,6 +131,17 @@ def test_unknown_master_optimizer_says_what_is_known():
         master_optimizers.get("rmsprop")
 
 
+def test_staleness_aware_downpour_divides_the_update_by_its_staleness():
+    rule = rules.make("downpour", 4, staleness_aware=True)
+    center, reply = np.zeros(4, np.float32), np.zeros(4, np.float32)
+    center = rule.absorb(1, np.full(4, 2.0, np.float32), center, reply, stale=4)
+    np.testing.assert_allclose(center, 0.5)
+    plain = rules.make("downpour", 4)
+    out = plain.absorb(1, np.full(4, 2.0, np.float32), np.zeros(4, np.float32),
+                       np.zeros(4, np.float32), stale=4)
+    np.testing.assert_allclose(out, 2.0)
+
+
 def test_gem_rule_uses_the_centre_the_child_last_pulled():
     rule = rules.make("gem", 4, gem_kappa=1.0, gem_momentum=0.0)
     center = np.full(4, 2.0, np.float32)
