@@ -83,15 +83,18 @@ def test_a_model_of_two_halves_with_two_optimizers_exchanges_both(mpirun):
 
 
 def test_early_stopping_on_the_master_stops_every_rank(mpirun, tmp_path):
-    log = tmp_path / "log.csv"
-    job = mpirun(SCRIPT, n=4, args=["downpour", "--early-stopping", "--csv", log],
+    job = mpirun(SCRIPT, n=4, args=["downpour", "--early-stopping", "--logs", tmp_path],
                  timeout=240)
     _same_weights_everywhere(job, 4)
     assert job.results[0]["epochs"] == [0, 1]
     assert "Stopping every worker after epoch 2" in job.output
-    # The master's CSVLogger saw both epochs, with the central validation metrics.
-    rows = log.read_text().strip().splitlines()
+    # The master's CSVLogger saw both epochs, with the central validation metrics,
+    # and TensorBoard wrote event files for training and validation.
+    rows = (tmp_path / "log.csv").read_text().strip().splitlines()
     assert len(rows) == 3 and "val_accuracy" in rows[0] and "loss" in rows[0]
+    for part in ("train", "validation"):
+        events = os.listdir(tmp_path / "tensorboard" / part)
+        assert any(name.startswith("events.out") for name in events), events
 
 
 def test_a_crashed_run_resumes_from_the_master_checkpoint(mpirun, tmp_path):

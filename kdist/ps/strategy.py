@@ -218,7 +218,8 @@ class ParameterServerStrategy:
     def worker_session(self, models):
         """A `WorkerSession` for a custom loop on a worker rank (see `kdist.ps.worker`)."""
         if not self.is_worker:
-            raise ValueError(f"Rank {self.rank} is a server, not a worker; call serve() there.")
+            raise ValueError(f"Rank {self.rank} is a server, not a worker; call make_server() "
+                             "there.")
         return WorkerSession(self.comm, self.parent[self.rank], Layout(models),
                              self.mode == "easgd", self.sync_every)
 

@@ -20,7 +20,7 @@ parser.add_argument("--submasters", type=int, default=0)
 parser.add_argument("--checkpoint")
 parser.add_argument("--stop-after", type=int, help="end the job after this epoch (a crash)")
 parser.add_argument("--early-stopping", action="store_true")
-parser.add_argument("--csv", help="a CSVLogger file the master writes")
+parser.add_argument("--logs", help="a directory for the master's CSVLogger and TensorBoard")
 parser.add_argument("--die-on", type=int)
 parser.add_argument("--raise-on", type=int)
 parser.add_argument("--fault-tolerant", action="store_true")
@@ -90,8 +90,9 @@ with strategy.scope():
     compile_(model)
 
 callbacks = [Crash()]
-if args.csv:
-    callbacks.append(keras.callbacks.CSVLogger(args.csv))
+if args.logs:
+    callbacks += [keras.callbacks.CSVLogger(os.path.join(args.logs, "log.csv")),
+                  keras.callbacks.TensorBoard(os.path.join(args.logs, "tensorboard"))]
 if args.early_stopping:
     callbacks.append(keras.callbacks.EarlyStopping(monitor="val_loss", patience=0,
                                                    min_delta=10.0))
