@@ -29,7 +29,7 @@ import keras
 import numpy as np
 
 from kdist.comm import processes
-from kdist.ps import rules, state
+from kdist.ps import master_optimizers, rules, state
 from kdist.ps.layout import Layout
 from kdist.ps.link import Link
 from kdist.ps.server import Server
@@ -97,7 +97,7 @@ class ParameterServerStrategy:
         self.shard = bool(shard)
         self.fault_tolerant = bool(fault_tolerant)
         # Resolve the optimizer now, so a bad name fails on every rank at once.
-        rules.make(mode, 1, master_optimizer=master_optimizer, elastic_force=elastic_force)
+        master_optimizers.get(master_optimizer)
         if comm is None:
             processes.init()
             comm = processes.world()
@@ -133,9 +133,8 @@ class ParameterServerStrategy:
         return self.rank - self.submasters - 1 if self.is_worker else None
 
     def get_config(self):
-        optimizer = rules.make("downpour", 1, master_optimizer=self.master_optimizer).optimizer
         return {"mode": self.mode, "sync_every": self.sync_every,
-                "master_optimizer": optimizer.get_config(),
+                "master_optimizer": master_optimizers.get(self.master_optimizer).get_config(),
                 "elastic_force": self.elastic_force, "gem_momentum": self.gem_momentum,
                 "gem_kappa": self.gem_kappa, "submasters": self.submasters,
                 "validate_every": self.validate_every,
