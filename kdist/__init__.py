@@ -47,7 +47,7 @@ from kdist.comm import (  # noqa: E402
 
 # Modules that need Keras load on first use, so that `kdist run` and `kdist
 # --help` start without importing TensorFlow.
-_LAZY_MODULES = ("callbacks", "distribute", "optimizers", "precision", "ps")
+_LAZY_MODULES = ("callbacks", "distribute", "gan", "optimizers", "precision", "ps")
 
 
 def __getattr__(name):
@@ -64,7 +64,8 @@ def __dir__():
 __all__ = [
     "Average", "Compression", "DistributedOptimizer", "Max", "Min", "Product", "Sum",
     "allgather", "allgather_object", "allreduce", "barrier", "broadcast", "broadcast_object",
-    "broadcast_variables", "callbacks", "comm", "cross_rank", "distribute", "cross_size", "init",
+    "broadcast_variables", "callbacks", "comm", "cross_rank", "distribute", "cross_size", "gan",
+    "init",
     "is_initialized", "join", "local_rank", "local_size", "mpi_enabled",
     "mpi_threads_supported", "optimizers", "precision", "ps", "rank", "shutdown", "size",
     "__version__",

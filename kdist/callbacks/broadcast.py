@@ -13,20 +13,24 @@ logger = logging.getLogger(__name__)
 
 
 def model_state(model):
-    """The variables that define a model in training: its own and its optimizer's.
+    """The variables that define a model in training: its own and its optimizers'.
 
-    Without a distribution strategy Keras builds the optimizer only when it
-    traces the first train step, after `on_train_begin`; it is built here so
-    that its state can be broadcast and restored before the first step.
+    A model with several optimizers (`kdist.gan.GAN`) lists them in an
+    `optimizers` attribute. Without a distribution strategy Keras builds the
+    optimizer only when it traces the first train step, after
+    `on_train_begin`; it is built here so that its state can be broadcast and
+    restored before the first step.
     """
     variables = list(model.variables)
-    optimizer = getattr(model, "optimizer", None)
-    if optimizer is None:
-        return variables
-    if not optimizer.built and model.built and model.trainable_variables:
-        optimizer.build(model.trainable_variables)
-    if optimizer.built:
-        variables += list(optimizer.variables)
+    optimizers = getattr(model, "optimizers", None)
+    if optimizers is None:
+        optimizer = getattr(model, "optimizer", None)
+        optimizers = [] if optimizer is None else [optimizer]
+        if optimizers and not optimizer.built and model.built and model.trainable_variables:
+            optimizer.build(model.trainable_variables)
+    for optimizer in optimizers:
+        if optimizer.built:
+            variables += list(optimizer.variables)
     return variables
 
 

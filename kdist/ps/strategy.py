@@ -176,7 +176,7 @@ class ParameterServerStrategy:
         learning-rate schedule of the workers' optimizer). The master runs
         `callbacks` on the central model and validates it.
         """
-        if getattr(model, "optimizer", None) is None:
+        if getattr(model, "optimizer", None) is None and not getattr(model, "optimizers", None):
             raise ValueError("Compile the model (inside strategy.scope()) before fit.")
         if validation_split:
             if validation_data is not None:
