@@ -1,0 +1,208 @@
+"""Trains the 3D calorimeter GAN on one process or many.
+
+    python train.py --quick --output run/                       # one process
+    kdist run -n 2 train.py --quick --output run/               # data parallel
+    kdist run -n 3 train.py --strategy ps --quick --output run/ # parameter server
+
+Showers come from `--data` (HDF5 files with ECAL and energy, such as the
+public CLIC files) or, when that directory holds none, are simulated into it
+first. Every epoch is checkpointed under OUTPUT/checkpoints; rerunning the
+same command resumes where the last run stopped. At the end rank 0 writes
+OUTPUT/generator.keras, OUTPUT/gan.keras and OUTPUT/train.json (settings,
+history, timing); `validate.py --input OUTPUT` compares generated showers
+with simulated ones.
+
+Strategies: `hvd` (each rank reads its share of the files, both optimizers
+wrapped in kdist.DistributedOptimizer; `--batch-size` per rank), `mpi`
+(kdist.distribute.MPIStrategy; the global batch is `--batch-size` times the
+ranks), `ps` (kdist.ps.ParameterServerStrategy: rank 0 holds the central
+models, the others train on their share), `single`. The default is `single`
+on one process and `hvd` on several.
+"""
+
+import argparse
+import glob
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import data  # noqa: E402
+import model as gan_model  # noqa: E402
+
+
+def parse(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--output", required=True, help="directory for models and checkpoints")
+    parser.add_argument("--data", help="directory of shower HDF5 files (default OUTPUT/data)")
+    parser.add_argument("--strategy", choices=["auto", "single", "hvd", "mpi", "ps"],
+                        default="auto")
+    parser.add_argument("--ps-mode", choices=["downpour", "easgd", "gem"], default="downpour")
+    parser.add_argument("--epochs", type=int, default=30)
+    parser.add_argument("--batch-size", type=int, default=64, help="showers per rank and step")
+    parser.add_argument("--files", type=int, default=4, help="files to simulate")
+    parser.add_argument("--showers", type=int, default=1000, help="showers per simulated file")
+    parser.add_argument("--steps", type=int, default=0,
+                        help="steps per epoch (default: one pass over each rank's showers)")
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--d-steps", type=int, default=1)
+    parser.add_argument("--g-steps", type=int, default=2)
+    parser.add_argument("--small", action="store_true", help="the small model, for CPUs")
+    parser.add_argument("--quick", action="store_true",
+                        help="small model, 2 files of 256 showers, 4 epochs")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.small = True
+        args.files, args.showers = min(args.files, 2), min(args.showers, 256)
+        args.epochs = min(args.epochs, 4)
+        args.batch_size = min(args.batch_size, 32)
+    for name in ("epochs", "batch_size", "files", "showers"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    args.data = args.data or os.path.join(args.output, "data")
+    return args
+
+
+def to_model_units(showers, energies):
+    """Numpy showers (N, 25, 25, 25) in GeV and energies (N,) -> a GAN batch of rows."""
+    scale = data.SAMPLING_FRACTION * gan_model.ENERGY_SCALE
+    real = (showers / scale)[..., None].astype("float32")
+    condition = (energies / gan_model.ENERGY_SCALE).reshape(-1, 1).astype("float32")
+    return {"real": real, "condition": condition,
+            "cell_sum": real.sum(axis=(1, 2, 3, 4)).reshape(-1, 1)}
+
+
+def shower_dataset(files, batch_size, seed):
+    import tensorflow as tf
+
+    def as_gan_batch(row):
+        return {"real": row["real"], "condition": row["condition"],
+                "aux": (row["condition"], row["cell_sum"])}
+
+    return (files.dataset(to_model_units)
+            .shuffle(1024, seed=seed, reshuffle_each_iteration=True)
+            .repeat()
+            .batch(batch_size, drop_remainder=True)
+            .map(as_gan_batch, num_parallel_calls=tf.data.AUTOTUNE)
+            .prefetch(tf.data.AUTOTUNE))
+
+
+def build_gan(args):
+    import keras
+
+    import kdist.gan
+
+    keras.utils.set_random_seed(args.seed)
+    gan = kdist.gan.GAN(gan_model.generator(args.small), gan_model.discriminator(args.small),
+                        d_steps=args.d_steps, g_steps=args.g_steps, seed=args.seed)
+    return gan
+
+
+def compile_gan(gan, args, wrap=None):
+    import keras
+
+    optimizers = [keras.optimizers.Adam(args.lr, beta_1=0.5) for _ in range(2)]
+    if wrap is not None:
+        optimizers = [wrap(o) for o in optimizers]
+    # One-sided label smoothing and the published loss weights: the adversarial
+    # term counts double, the energy and cell-sum regressions a tenth each.
+    gan.compile(*optimizers, loss="binary_crossentropy",
+                aux_losses=["mean_absolute_percentage_error"] * 2,
+                aux_loss_weights=[0.1, 0.1], adversarial_weight=2.0, label_smoothing=0.1)
+
+
+def main(argv=None):
+    args = parse(argv)
+    import keras
+
+    import kdist
+
+    rank, size = kdist.rank(), kdist.size()
+    strategy_name = args.strategy if args.strategy != "auto" else ("hvd" if size > 1 else "single")
+    if strategy_name == "ps" and size < 2:
+        raise SystemExit("--strategy ps needs at least 2 ranks: kdist run -n 3 train.py ...")
+    if strategy_name == "single" and size > 1:
+        raise SystemExit("--strategy single runs on one process; use hvd, mpi or ps under "
+                         "kdist run.")
+    if rank == 0 and not glob.glob(os.path.join(args.data, "*.h5")):
+        print(f"Simulating {args.files} x {args.showers} showers into {args.data} ...",
+              flush=True)
+        data.make_dataset(args.data, args.files, args.showers, seed=args.seed)
+    kdist.barrier()
+    paths = sorted(glob.glob(os.path.join(args.data, "*.h5")))
+    checkpoints = os.path.join(args.output, "checkpoints")
+    callbacks, fit_kwargs = [], {}
+    start = time.time()
+
+    if strategy_name == "ps":
+        strategy = kdist.ps.ParameterServerStrategy(mode=args.ps_mode, shard=False,
+                                                    checkpoint_dir=checkpoints)
+        with strategy.scope():
+            gan = build_gan(args)
+            compile_gan(gan, args)
+        share = (strategy.worker_index, strategy.num_workers) if strategy.is_worker else (0, 1)
+        files = data.ShowerFiles(paths, *share)
+        batch = args.batch_size
+        showers_per_epoch_rank = len(files)
+        if strategy.is_master:
+            callbacks.append(keras.callbacks.CSVLogger(os.path.join(args.output, "log.csv"),
+                                                       append=True))
+        trainers = strategy.num_workers
+    else:
+        strategy = kdist.distribute.MPIStrategy() if strategy_name == "mpi" else None
+        if strategy is not None:
+            with strategy.scope():
+                gan = build_gan(args)
+                compile_gan(gan, args)
+            files = data.ShowerFiles(paths)
+            batch = args.batch_size * size
+        else:
+            gan = build_gan(args)
+            compile_gan(gan, args, kdist.DistributedOptimizer if size > 1 else None)
+            files = data.ShowerFiles(paths, rank, size)
+            batch = args.batch_size
+            if size > 1:
+                callbacks.append(kdist.callbacks.BroadcastGlobalVariablesCallback(0))
+        callbacks.append(kdist.callbacks.Checkpoint(checkpoints))
+        if rank == 0:
+            callbacks.append(keras.callbacks.CSVLogger(os.path.join(args.output, "log.csv"),
+                                                       append=True))
+        showers_per_epoch_rank = len(files) // (size if strategy is not None else 1)
+        trainers = size
+
+    # Every rank makes the same number of steps, or a collective would wait forever.
+    steps = args.steps or kdist.allreduce(
+        max(1, showers_per_epoch_rank // args.batch_size), op=kdist.Min, name="steps")
+    steps = int(steps)
+    fit_kwargs["steps_per_epoch"] = steps
+    dataset = shower_dataset(files, batch, seed=args.seed + rank)
+    if rank == 0:
+        print(f"Training the {'small' if args.small else 'full'} 3DGAN with {strategy_name} on "
+              f"{size} process(es): {len(paths)} file(s), {steps} steps of "
+              f"{args.batch_size} showers per trainer and epoch.", flush=True)
+    history = gan.fit(dataset, epochs=args.epochs, callbacks=callbacks,
+                      verbose=2 if rank == 0 else 0, shuffle=False, **fit_kwargs)
+    elapsed = time.time() - start
+    if rank == 0:
+        gan.generator.save(os.path.join(args.output, "generator.keras"))
+        gan.save(os.path.join(args.output, "gan.keras"))
+        epochs_run = len(history.history.get("d_loss", []))
+        summary = {
+            "strategy": strategy_name, "ranks": size, "small": args.small,
+            "epochs": args.epochs, "epochs_run": epochs_run, "steps_per_epoch": steps,
+            "batch_size": args.batch_size, "trainers": trainers, "wall_s": elapsed,
+            "showers_trained_per_s": epochs_run * steps * args.batch_size * trainers / elapsed,
+            "history": {k: [float(v) for v in vs] for k, vs in history.history.items()},
+        }
+        with open(os.path.join(args.output, "train.json"), "w") as f:
+            json.dump(summary, f, indent=1)
+        print(f"Saved {os.path.join(args.output, 'generator.keras')} after {elapsed:.0f} s.",
+              flush=True)
+
+
+if __name__ == "__main__":
+    main()
