@@ -114,8 +114,9 @@ def make_dataset(directory, files=2, showers=500, energy_range=(10.0, 500.0), se
 class ShowerFiles:
     """Rows of a list of calorimeter HDF5 files (`ECAL`, `energy`), shared out by rank.
 
-    Each rank reads a contiguous, nearly equal part of every file, so that
-    ranks never read the same shower and all see the whole energy range.
+    Each rank reads a contiguous part of every file, so that ranks never read
+    the same shower, all see the whole energy range, and their row counts
+    differ by at most one per few files.
 
     Args:
         paths: HDF5 files with `ECAL` (N, 25, 25, 25) and `energy` (N,) or (N, 1).
@@ -133,7 +134,7 @@ class ShowerFiles:
         if not 0 <= rank < size:
             raise ValueError(f"rank must be in [0, size); got rank {rank} of {size}.")
         self.parts = []
-        for path in self.paths:
+        for index, path in enumerate(self.paths):
             with h5py.File(path, "r") as f:
                 for key in ("ECAL", "energy"):
                     if key not in f:
@@ -143,8 +144,10 @@ class ShowerFiles:
                 if f["energy"].shape[0] != rows:
                     raise ValueError(f"{path}: {rows} showers but {f['energy'].shape[0]} "
                                      "energies.")
+            # Rotating the parts over files spreads the larger ones over the ranks.
             bounds = np.linspace(0, rows, size + 1).astype(int)
-            self.parts.append((path, bounds[rank], bounds[rank + 1]))
+            part = (rank + index) % size
+            self.parts.append((path, bounds[part], bounds[part + 1]))
 
     def __len__(self):
         return sum(stop - start for _, start, stop in self.parts)

@@ -1,0 +1,139 @@
+"""The calorimeter GAN example: simulator physics, the reader, training on two ranks, validation."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+h5py = pytest.importorskip("h5py")
+pytest.importorskip("scipy")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EXAMPLE = os.path.join(ROOT, "examples", "gan_calorimeter")
+sys.path.insert(0, EXAMPLE)
+
+import data  # noqa: E402
+import model as gan_model  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def showers():
+    energies = np.repeat([20.0, 50.0, 100.0, 200.0, 400.0], 40)
+    return energies, data.simulate(energies, seed=1)
+
+
+def test_deposited_energy_is_linear_in_the_primary_energy(showers):
+    energies, cells = showers
+    assert cells.shape == (200, 25, 25, 25) and cells.dtype == np.float32
+    totals = cells.sum(axis=(1, 2, 3))
+    means = np.array([totals[energies == e].mean() for e in np.unique(energies)])
+    slope, intercept = np.polyfit(np.unique(energies), means, 1)
+    # Through the origin with the sampling fraction as slope, within a few percent.
+    assert slope == pytest.approx(data.SAMPLING_FRACTION, rel=0.03)
+    np.testing.assert_allclose(means / np.unique(energies), data.SAMPLING_FRACTION, rtol=0.04)
+    # The stochastic term: relative spread falls with energy.
+    spread = [totals[energies == e].std() / totals[energies == e].mean() for e in (20.0, 400.0)]
+    assert spread[0] > 2 * spread[1]
+
+
+def test_shower_maximum_deepens_with_energy(showers):
+    energies, cells = showers
+    maxima = [np.argmax(cells[energies == e].sum(axis=(1, 2)).mean(0))
+              for e in np.unique(energies)]
+    assert maxima == sorted(maxima) and maxima[-1] - maxima[0] >= 3, maxima
+
+
+def test_showers_are_narrow_sparse_and_centred(showers):
+    _, cells = showers
+    assert (cells == 0).mean() > 0.8
+    profile = cells.sum(axis=(0, 2, 3))
+    assert np.argmax(profile) in (11, 12, 13)
+    # Most of the energy within two cells of the axis.
+    assert profile[10:15].sum() > 0.8 * profile.sum()
+    with pytest.raises(ValueError, match="positive"):
+        data.simulate([10.0, -1.0])
+
+
+def test_files_round_trip_and_ranks_share_the_rows(tmp_path):
+    paths = data.make_dataset(tmp_path, files=2, showers=13, seed=4)
+    with h5py.File(paths[0], "r") as f:
+        assert f["ECAL"].shape == (13, 25, 25, 25) and f["energy"].shape == (13,)
+        first = (f["ECAL"][:], f["energy"][:])
+    everything = data.ShowerFiles(paths).read()
+    assert len(everything[0]) == 26
+    np.testing.assert_array_equal(everything[0][:13], first[0])
+    np.testing.assert_array_equal(everything[1][:13], first[1])
+    shares = [data.ShowerFiles(paths, rank, 3).read() for rank in range(3)]
+    energies = np.sort(np.concatenate([share[1] for share in shares]))
+    np.testing.assert_array_equal(energies, np.sort(everything[1]))
+    assert sorted(len(share[1]) for share in shares) == [8, 9, 9]
+    # Streamed through tf.data, one shower per element.
+    rows = list(data.ShowerFiles(paths, 1, 2).dataset(limit=5).as_numpy_iterator())
+    assert len(rows) == 5 and rows[0]["ECAL"].shape == (25, 25, 25)
+    np.testing.assert_array_equal(rows[0]["energy"], data.ShowerFiles(paths, 1, 2).read()[1][0])
+    # A rerun keeps files already written; a broken file is named.
+    assert data.make_dataset(tmp_path, files=2, showers=99, seed=4) == paths
+    with h5py.File(tmp_path / "broken.h5", "w") as f:
+        f.create_dataset("ECAL", data=np.zeros((2, 25, 25, 25)))
+    with pytest.raises(ValueError, match="energy"):
+        data.ShowerFiles([tmp_path / "broken.h5"])
+
+
+@pytest.mark.parametrize("small", [True, False])
+def test_models_have_the_published_shapes(small):
+    generator, discriminator = gan_model.generator(small), gan_model.discriminator(small)
+    assert [tuple(i.shape[1:]) for i in generator.inputs] == [(200,), (1,)]
+    assert tuple(generator.output.shape[1:]) == (25, 25, 25, 1)
+    assert [tuple(o.shape[1:]) for o in discriminator.outputs] == [(1,), (1,), (1,)]
+    showers = np.random.default_rng(0).random((2, 25, 25, 25, 1)).astype("float32")
+    _, _, total = discriminator(showers)
+    np.testing.assert_allclose(np.asarray(total)[:, 0], showers.sum(axis=(1, 2, 3, 4)),
+                               rtol=1e-5)
+
+
+@pytest.mark.mpi
+def test_two_ranks_train_resume_and_validate(mpirun, tmp_path):
+    out = tmp_path / "run"
+    train = os.path.join(EXAMPLE, "train.py")
+    args = ["--quick", "--output", out, "--showers", 64, "--steps", 2]
+    job = mpirun(train, n=2, args=args + ["--epochs", 1], timeout=300)
+    assert "with hvd on 2 process(es)" in job.output and "2/2 - " in job.output
+    assert (out / "generator.keras").exists() and (out / "checkpoints").is_dir()
+    # The same command with more epochs resumes after the finished one.
+    job = mpirun(train, n=2, args=args + ["--epochs", 2], timeout=300)
+    assert "Epoch 2/2" in job.output and "Epoch 1/2" not in job.output
+    summary = json.loads((out / "train.json").read_text())
+    assert summary["ranks"] == 2 and summary["epochs_run"] == 1
+    assert all(np.isfinite(summary["history"]["g_loss"]))
+    rows = (out / "log.csv").read_text().strip().splitlines()
+    assert len(rows) == 3 and "d_loss" in rows[0]
+
+    validation = tmp_path / "validation"
+    done = subprocess.run([sys.executable, os.path.join(EXAMPLE, "validate.py"), "--quick",
+                           "--showers", "40", "--input", str(out), "--output", str(validation)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for name in ("longitudinal.png", "transverse.png", "total_energy.png", "cell_spectrum.png",
+                 "showers.png"):
+        assert (validation / name).stat().st_size > 1000, name
+    metrics = json.loads((validation / "metrics.json").read_text())
+    assert metrics["showers"] == 40 and len(metrics["longitudinal_relative_difference"]) == 25
+    assert metrics["total_energy_ratio"] > 0 and metrics["cell_spectrum_wasserstein_log10"] >= 0
+
+
+def test_validation_metrics_separate_good_from_bad_showers(showers):
+    import validate
+
+    energies, cells = showers
+    same = validate.metrics(cells[::2], data.simulate(energies[::2], seed=9))
+    assert same["total_energy_ratio"] == pytest.approx(1.0, abs=0.03)
+    assert same["longitudinal_mean_relative_difference"] < 0.1
+    assert same["cell_spectrum_wasserstein_log10"] < 0.05
+    doubled = validate.metrics(cells, 2 * cells)
+    assert doubled["total_energy_ratio"] == pytest.approx(2.0, rel=1e-5)
+    # Every cell doubled shifts the log spectrum by log10(2), less the few cells
+    # that doubling lifts over the empty-cell threshold.
+    assert 0.25 < doubled["cell_spectrum_wasserstein_log10"] <= np.log10(2) + 1e-6
