@@ -58,3 +58,18 @@ def test_ps_convergence_benchmark_reports_each_method_against_the_target(mpiexec
     assert set(result["methods"]) == {"allreduce", "gem"}
     for method in result["methods"].values():
         assert len(method["epochs"]) == 1 and method["to_target"]["updates"] > 0
+
+
+def test_gan_throughput_benchmark_compares_one_and_two_ranks(mpiexec_path):
+    pytest.importorskip("h5py")
+    done = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "benchmarks", "gan_throughput.py"), "--models",
+         "small", "--steps", "1"],
+        capture_output=True, text=True, timeout=400, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = _json_from(done.stdout)
+    small = result["models"]["small"]
+    assert set(small["showers_per_s"]) == {"1", "2"}
+    assert all(rate > 0 for rate in small["showers_per_s"].values())
+    assert small["scaling"] == pytest.approx(small["showers_per_s"]["2"]
+                                             / small["showers_per_s"]["1"])

@@ -202,3 +202,27 @@ def test_parameter_server_exchanges_both_models(mpirun):
     # Generator 5-16-2 and discriminator 2-16-(1, 1): 130 + 82 values in one message.
     assert master["exchanged"] == 212
     assert len(master["history"]["d_loss"]) == 2 and len(master["history"]["g_loss"]) == 2
+
+
+def test_docstring_examples_run():
+    import doctest
+
+    import kdist.gan.gan
+
+    for module in (kdist.gan, kdist.gan.gan):
+        result = doctest.testmod(module)
+        assert result.attempted > 0 and result.failed == 0
+
+
+def test_mixed_float16_scales_both_losses():
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        gan = kdist.gan.GAN(*_models(), seed=2)
+        gan.compile("adam", "adam", aux_losses=["mse"])
+        assert all(isinstance(o, keras.optimizers.LossScaleOptimizer) for o in gan.optimizers)
+        batch = _batch(rows=32)
+        history = gan.fit(batch["real"], batch["condition"], batch_size=8, verbose=0).history
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    assert np.isfinite(history["d_loss"][0]) and np.isfinite(history["g_loss"][0])
+    assert int(gan.d_optimizer.iterations) == 4

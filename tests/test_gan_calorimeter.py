@@ -137,3 +137,17 @@ def test_validation_metrics_separate_good_from_bad_showers(showers):
     # Every cell doubled shifts the log spectrum by log10(2), less the few cells
     # that doubling lifts over the empty-cell threshold.
     assert 0.25 < doubled["cell_spectrum_wasserstein_log10"] <= np.log10(2) + 1e-6
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("strategy,ranks", [("mpi", 2), ("ps", 3)])
+def test_train_runs_with_the_other_strategies(mpirun, tmp_path, strategy, ranks):
+    out = tmp_path / "run"
+    job = mpirun(os.path.join(EXAMPLE, "train.py"), n=ranks, timeout=300,
+                 args=["--quick", "--strategy", strategy, "--output", out, "--showers", 48,
+                       "--steps", 2, "--epochs", 2])
+    assert f"with {strategy} on {ranks} process(es)" in job.output
+    summary = json.loads((out / "train.json").read_text())
+    assert summary["strategy"] == strategy and summary["epochs_run"] == 2
+    assert all(np.isfinite(summary["history"]["d_loss"]))
+    assert (out / "generator.keras").exists()

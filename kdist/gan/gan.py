@@ -5,6 +5,7 @@ import tensorflow as tf
 
 from kdist.comm import processes
 from kdist.gan import batches
+from kdist.precision import policy
 
 
 @keras.saving.register_keras_serializable(package="kdist")
@@ -114,10 +115,11 @@ class GAN(keras.Model):
             raise ValueError(f"aux_loss_weights needs {self.aux_outputs} values; "
                              f"got {len(weights)}.")
         super().compile(optimizer=None, **kwargs)
-        if keras.config.dtype_policy().name == "mixed_float16":
+        if policy.loss_scaling_enabled():
+            # kdist's loss scaling, so that ranks agree on which steps overflow.
             d_optimizer, g_optimizer = (
                 o if isinstance(o, keras.optimizers.LossScaleOptimizer)
-                else keras.optimizers.LossScaleOptimizer(o) for o in (d_optimizer, g_optimizer))
+                else policy.LossScaleOptimizer(o) for o in (d_optimizer, g_optimizer))
         self.d_optimizer, self.g_optimizer = d_optimizer, g_optimizer
         self.adversarial_loss = _as_loss(loss)
         self.aux_losses = [_as_loss(item) for item in aux_losses]

@@ -1,0 +1,115 @@
+"""Training throughput of the calorimeter GAN: showers per second on 1 and 2 ranks.
+
+    python benchmarks/gan_throughput.py [--models small,full] [--ranks 1,2] [--steps 6]
+
+For each model of examples/gan_calorimeter (small and full 3DGAN), trains on
+simulated showers with `kdist.DistributedOptimizer` around both optimizers
+(d_steps=1, g_steps=2, as the example), one thread per rank, a fixed batch per
+rank, and times the steps after two warm-up steps. Showers per second counts
+every rank's batch. `scaling` is the 2-rank rate over the 1-rank rate of the
+same model in the same run (2.0 is perfect). Prints one JSON object.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+EXAMPLE = os.path.join(os.path.dirname(HERE), "examples", "gan_calorimeter")
+BATCH = {"small": 16, "full": 8}
+WARMUP = 2
+
+
+def worker(args):
+    sys.path.insert(0, HERE)
+    sys.path.insert(0, EXAMPLE)
+    from _mlp import one_thread
+
+    one_thread()
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    import data
+    import kdist
+    import train
+
+    small = args.model == "small"
+    settings = train.parse(["--output", "unused", "--d-steps", "1", "--g-steps", "2"]
+                           + (["--small"] if small else []))
+    gan = train.build_gan(settings)
+    train.compile_gan(gan, settings, kdist.DistributedOptimizer if kdist.size() > 1 else None)
+    batch = BATCH[args.model]
+    energies = np.random.default_rng(kdist.rank()).uniform(10, 500, 4 * batch)
+    rows = train.to_model_units(data.simulate(energies, seed=kdist.rank()), energies)
+    dataset = tf.data.Dataset.from_tensor_slices(
+        {"real": rows["real"], "condition": rows["condition"],
+         "aux": (rows["condition"], rows["cell_sum"])}).repeat().batch(batch)
+    marks = []
+
+    class Clock(keras.callbacks.Callback):
+        def on_train_batch_end(self, step, logs=None):
+            marks.append(time.perf_counter())
+
+    callbacks = [Clock()]
+    if kdist.size() > 1:
+        callbacks.insert(0, kdist.callbacks.BroadcastGlobalVariablesCallback(0))
+    gan.fit(dataset, steps_per_epoch=WARMUP + args.steps, epochs=1, verbose=0, shuffle=False,
+            callbacks=callbacks)
+    seconds = marks[-1] - marks[WARMUP - 1]
+    rate = args.steps * batch * kdist.size() / seconds
+    if kdist.rank() == 0:
+        print(json.dumps({"model": args.model, "ranks": kdist.size(), "batch_per_rank": batch,
+                          "seconds_per_step": seconds / args.steps, "showers_per_s": rate}),
+              flush=True)
+
+
+def launch(model, ranks, steps):
+    from kdist.cli import mpiexec_command
+
+    command = [sys.executable, "-u", os.path.abspath(__file__), "--worker", "--model", model,
+               "--steps", str(steps)]
+    argv, env = mpiexec_command(ranks, command)
+    env = dict(env, TF_CPP_MIN_LOG_LEVEL="3")
+    done = subprocess.run(argv, env=env, stdout=subprocess.PIPE, text=True, timeout=1800)
+    if done.returncode != 0:
+        raise SystemExit(f"{model} on {ranks} rank(s) failed:\n{done.stdout[-3000:]}")
+    for line in done.stdout.splitlines()[::-1]:
+        if line.lstrip("[0123456789] ").startswith("{"):
+            return json.loads(line[line.index("{"):])
+    raise SystemExit(f"no result from {model} on {ranks} rank(s):\n{done.stdout[-3000:]}")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default="small,full")
+    parser.add_argument("--ranks", default="1,2")
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--model", choices=sorted(BATCH), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        return worker(args)
+    models = args.models.split(",")
+    unknown = sorted(set(models) - set(BATCH))
+    if unknown:
+        parser.error(f"unknown model(s) {unknown}; choose from {sorted(BATCH)}")
+    ranks = [int(r) for r in args.ranks.split(",")]
+    result = {"steps": args.steps, "cpu_count": os.cpu_count(), "models": {}}
+    for model in models:
+        runs = {str(n): launch(model, n, args.steps) for n in ranks}
+        entry = {"batch_per_rank": BATCH[model],
+                 "showers_per_s": {n: run["showers_per_s"] for n, run in runs.items()},
+                 "seconds_per_step": {n: run["seconds_per_step"] for n, run in runs.items()}}
+        if "1" in runs and "2" in runs:
+            entry["scaling"] = runs["2"]["showers_per_s"] / runs["1"]["showers_per_s"]
+        result["models"][model] = entry
+    print(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
