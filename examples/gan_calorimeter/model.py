@@ -12,10 +12,9 @@ normalisation and dropout, then average pooling and three heads: real/fake
 `small=True` gives a variant with a few thousand times fewer operations per
 shower, for CPU work and tests.
 
-Units: the models see cell energies divided by `ENERGY_SCALE` times the
-sampling fraction, so that a shower's cell sum is close to its primary energy
-divided by `ENERGY_SCALE`; the condition is the primary energy divided by
-`ENERGY_SCALE`.
+Units: the models see cell energies in GeV times `CELL_SCALE`, which brings
+the typical occupied cell near 0.01-1 (smaller values starved the ReLU output
+of gradient in trials), and the primary energy divided by `ENERGY_SCALE`.
 """
 
 import keras
@@ -24,6 +23,7 @@ from keras import layers
 LATENT = 200
 CELLS = 25
 ENERGY_SCALE = 100.0  # GeV
+CELL_SCALE = 50.0     # per GeV
 
 
 @keras.saving.register_keras_serializable(package="gan_calorimeter")

@@ -69,8 +69,7 @@ def parse(argv=None):
 
 def to_model_units(showers, energies):
     """Numpy showers (N, 25, 25, 25) in GeV and energies (N,) -> a GAN batch of rows."""
-    scale = data.SAMPLING_FRACTION * gan_model.ENERGY_SCALE
-    real = (showers / scale)[..., None].astype("float32")
+    real = (showers * gan_model.CELL_SCALE)[..., None].astype("float32")
     condition = (energies / gan_model.ENERGY_SCALE).reshape(-1, 1).astype("float32")
     return {"real": real, "condition": condition,
             "cell_sum": real.sum(axis=(1, 2, 3, 4)).reshape(-1, 1)}

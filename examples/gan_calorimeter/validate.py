@@ -39,7 +39,7 @@ def generate(generator, energies, seed=0, batch_size=64):
     latent = rng.normal(size=(len(energies), generator.inputs[0].shape[-1])).astype("float32")
     condition = (np.asarray(energies, "float32") / gan_model.ENERGY_SCALE).reshape(-1, 1)
     showers = generator.predict([latent, condition], batch_size=batch_size, verbose=0)
-    return showers[..., 0] * data.SAMPLING_FRACTION * gan_model.ENERGY_SCALE
+    return showers[..., 0] / gan_model.CELL_SCALE
 
 
 def longitudinal(showers):
