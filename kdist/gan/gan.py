@@ -71,7 +71,6 @@ class GAN(keras.Model):
         self.d_steps, self.g_steps = int(d_steps), int(g_steps)
         self.seed = seed
         self._noise = keras.random.SeedGenerator(seed)
-        self._stream = processes.rank() if processes.is_initialized() else 0
         self.aux_outputs = len(_outputs(discriminator)) - 1
         self.built = generator.built and discriminator.built
 
@@ -205,7 +204,10 @@ class GAN(keras.Model):
             noise = batches.latent_draw(tf.convert_to_tensor(latent), step,
                                         self.d_steps + self.g_steps)
         else:
-            noise = batches.normal(batch, self.latent_dim, self._noise.next(), self._stream)
+            # Read when the step is traced, after kdist has started, so a GAN built
+            # before init() still gets this rank's stream.
+            stream = processes.rank() if processes.is_initialized() else 0
+            noise = batches.normal(batch, self.latent_dim, self._noise.next(), stream)
         if not self.conditional:
             return noise
         if condition is None:
