@@ -134,7 +134,6 @@ class GAN(keras.Model):
         self._trackers = {name: keras.metrics.Mean(name=name) for name in
                           ["d_loss", "g_loss"] + [f"d_{n}_loss" for n in names]
                           + [f"g_{n}_loss" for n in names]}
-        self._aux_names = names
         self._build_optimizers()
 
     def _build_optimizers(self):
