@@ -49,16 +49,20 @@ class Server:
         report_every: a sub-master reports up after this many updates
             (default: one per child).
         first_epoch, clock: where a resumed run starts.
+        center_hook: called as `hook(center, clock, reply)` after each update
+            is folded in, before the reply goes out (the master's pruning
+            masks, `kdist.ps.masks`).
     """
 
     def __init__(self, comm, children, center, trainable_size, rule, link=None,
-                 report_every=None, first_epoch=0, clock=0):
+                 report_every=None, first_epoch=0, clock=0, center_hook=None):
         self.comm = comm
         self.children = list(children)
         self.center = center
         self.trainable_size = trainable_size
         self.rule = rule
         self.link = link
+        self.center_hook = center_hook
         self.report_every = report_every or len(self.children)
         self.clock = clock
         self.pulled_at = {child: clock for child in self.children}
@@ -138,6 +142,9 @@ class Server:
                                                stale)
                 self.center[t:] = message.body[t:]
                 reply.body[t:] = message.body[t:]
+                if self.center_hook is not None:
+                    self.center_hook(self.center, self.clock,
+                                     None if reply.body is self.center else reply.body)
                 self.clock += 1
                 self._since_report += 1
                 kind = message.kind

@@ -29,7 +29,7 @@ import keras
 import numpy as np
 
 from kdist.comm import processes
-from kdist.ps import master_optimizers, rules, state
+from kdist.ps import masks, master_optimizers, rules, state
 from kdist.ps.layout import Layout
 from kdist.ps.link import Link
 from kdist.ps.server import Server
@@ -230,17 +230,18 @@ class ParameterServerStrategy:
         """
         layout = Layout(models)
         return self._server(layout, layout.read() if center is None else center,
-                            first_epoch, clock)
+                            first_epoch, clock, models)
 
-    def _server(self, layout, center, first_epoch, clock):
+    def _server(self, layout, center, first_epoch, clock, models=None):
         size = layout.trainable_size
         if self.is_master:
+            hook = None if models is None else masks.for_models(models, layout, center)
             rule = rules.make(self.mode, size, master_optimizer=self.master_optimizer,
                               elastic_force=self.elastic_force, gem_kappa=self.gem_kappa,
                               gem_momentum=self.gem_momentum,
                               staleness_aware=self.staleness_aware)
             return Server(self.comm, self.children[0], center, size, rule,
-                          first_epoch=first_epoch, clock=clock)
+                          first_epoch=first_epoch, clock=clock, center_hook=hook)
         if self.is_submaster:
             rule = rules.make_intermediate(self.mode, size, self.elastic_force)
             return Server(self.comm, self.children[self.rank], center, size, rule,
@@ -279,7 +280,7 @@ class ParameterServerStrategy:
 
     def _run_master(self, model, layout, center, start, resumed, epochs, callbacks,
                     validation_data, verbose):
-        server = self._server(layout, center, start["epoch"], start["clock"])
+        server = self._server(layout, center, start["epoch"], start["clock"], model)
         if resumed is not None:
             server.rule.set_state(resumed["rule"])
         history = keras.callbacks.History()

@@ -1,0 +1,147 @@
+"""Magnitude pruning: the smallest weights of each kernel are held at zero."""
+
+import keras
+import numpy as np
+
+from kdist.sparsity import bridge
+from kdist.sparsity.schedules import PruningSchedule
+from kdist.sparsity.wrapping import KernelWrapper, kernel_variable, rewrite, wrappers_in
+
+
+def magnitude_mask(values, sparsity):
+    """1 where a weight is among the `1 - sparsity` largest in magnitude, else 0.
+
+    Ties at the threshold are all kept; at least one weight always is.
+
+    >>> magnitude_mask(np.array([0.1, -3.0, 0.5, 2.0]), 0.5)
+    array([0., 1., 0., 1.], dtype=float32)
+    """
+    magnitudes = np.abs(np.asarray(values, dtype=np.float32))
+    size = magnitudes.size
+    keep = max(1, int(np.rint(np.float32(size) * np.float32(1.0 - sparsity))))
+    threshold = np.partition(magnitudes, size - keep, axis=None)[size - keep]
+    return (magnitudes >= threshold).astype(np.float32)
+
+
+@keras.saving.register_keras_serializable(package="kdist")
+class PruneLowMagnitude(KernelWrapper):
+    """Computes its layer with `kernel * mask`; `UpdatePruning` moves the mask.
+
+    Use `prune()` to wrap a model's layers; wrap a layer directly inside a
+    subclassed model. Pruned weights get no gradient from the loss, and they
+    are set to zero whenever the mask changes.
+
+    Args:
+        layer: a layer with a kernel (Dense, Conv1D/2D/3D, EinsumDense, ...).
+        schedule: a `PruningSchedule`.
+    """
+
+    def __init__(self, layer, schedule, **kwargs):
+        if not isinstance(schedule, PruningSchedule):
+            raise TypeError("schedule must be a kdist.sparsity schedule (ConstantSparsity, "
+                            f"PolynomialDecay); got {type(schedule).__name__}.")
+        kwargs.setdefault("name", f"pruned_{layer.name}")
+        super().__init__(layer, **kwargs)
+        self.schedule = schedule
+
+    def build_state(self, kernel):
+        self.mask = self.add_weight(name="mask", shape=kernel.shape, initializer="ones",
+                                    trainable=False, dtype="float32", autocast=False,
+                                    aggregation="only_first_replica")
+
+    def transform_kernel(self, value, training):
+        return value * keras.ops.cast(self.mask, value.dtype)
+
+    def update_mask(self, sparsity):
+        """Masks the smallest `sparsity` of the kernel and zeroes them."""
+        kernel = self.kernel
+        mask = magnitude_mask(keras.ops.convert_to_numpy(self.effective_kernel()), sparsity)
+        self.mask.assign(mask)
+        kernel.assign(keras.ops.convert_to_numpy(kernel) * mask.astype(kernel.dtype))
+
+    def get_config(self):
+        config = super().get_config()
+        config["schedule"] = keras.saving.serialize_keras_object(self.schedule)
+        return config
+
+    @classmethod
+    def from_config(cls, config, custom_objects=None):
+        config = dict(config)
+        config["schedule"] = keras.saving.deserialize_keras_object(
+            config["schedule"], custom_objects=custom_objects)
+        config["layer"] = keras.saving.deserialize_keras_object(
+            config["layer"], custom_objects=custom_objects)
+        return cls(**config)
+
+
+def prune(model, schedule, skip=()):
+    """Wraps every layer with a kernel in `PruneLowMagnitude`.
+
+    Args:
+        model: a Sequential or functional Keras 3 model (a copy is returned,
+            with the same weights), or a single layer (wrapped as it is, for
+            subclassed models). A tf_keras model goes to
+            tensorflow-model-optimization's `prune_low_magnitude`.
+        schedule: `ConstantSparsity` or `PolynomialDecay`.
+        skip: layer names or layer classes to leave dense (the output layer,
+            usually).
+
+    Returns:
+        The pruned model: compile it, and train with the `UpdatePruning`
+        callback.
+
+    Example:
+
+    >>> import keras, kdist
+    >>> model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16),
+    ...                           keras.layers.Dense(1, name="out")])
+    >>> schedule = kdist.sparsity.PolynomialDecay(0.0, 0.8, begin_step=0, end_step=100)
+    >>> pruned = kdist.sparsity.prune(model, schedule, skip=["out"])
+    >>> [type(layer).__name__ for layer in pruned.layers]
+    ['PruneLowMagnitude', 'Dense']
+    """
+    if not isinstance(schedule, PruningSchedule):
+        raise TypeError("schedule must be a kdist.sparsity schedule (ConstantSparsity, "
+                        f"PolynomialDecay); got {type(schedule).__name__}.")
+    if bridge.is_tf_keras(model):
+        return bridge.prune(model, schedule, skip)
+    skip = tuple(skip) if isinstance(skip, (list, tuple, set)) else (skip,)
+    for entry in skip:
+        if not isinstance(entry, (str, type)):
+            raise TypeError(f"skip takes layer names or layer classes; got {entry!r}.")
+
+    def wanted(layer):
+        if isinstance(layer, PruneLowMagnitude) or any(
+                layer.name == s if isinstance(s, str) else isinstance(layer, s) for s in skip):
+            return False
+        base = layer.base_layer if isinstance(layer, KernelWrapper) else layer
+        return kernel_variable(base) is not None or (
+            not base.built and hasattr(base, "kernel_initializer"))
+
+    if isinstance(model, keras.Model):
+        chosen = []
+
+        def replace(layer):
+            if not wanted(layer):
+                return None
+            fresh = type(layer).from_config(layer.get_config())
+            chosen.append(layer.name)
+            return (PruneLowMagnitude(fresh, schedule), fresh,
+                    layer.get_weights() if layer.built else None)
+
+        pruned = rewrite(model, replace, "prune")
+        if not chosen:
+            raise ValueError(f"Nothing to prune in model {model.name!r}: no layer with a "
+                             f"kernel is left after skip={list(skip)}.")
+        return pruned
+    if isinstance(model, keras.layers.Layer):
+        if not wanted(model):
+            raise ValueError(f"Cannot prune layer {model.name!r}: it has no kernel, is "
+                             "already pruned, or is in skip.")
+        return PruneLowMagnitude(model, schedule)
+    raise TypeError(f"prune() takes a Keras model or layer; got {type(model).__name__}.")
+
+
+def pruned_layers(model):
+    """The `PruneLowMagnitude` wrappers in `model`."""
+    return wrappers_in(model, PruneLowMagnitude)

@@ -1,0 +1,312 @@
+"""Quantization-aware training: weights and activations seen through b bits.
+
+Weights: symmetric, per output channel by default: with
+`levels = 2**(bits - 1) - 1` and `scale = max|w| / levels`, the layer
+computes with `clip(round(w / scale), -levels, levels) * scale`, so a
+channel holds at most `2 * levels + 1 < 2**bits` distinct values and zero
+stays zero (pruned weights survive quantisation). The straight-through
+estimator passes the loss's gradient to the float weights unchanged.
+
+Activations: each wrapped layer's output is fake-quantised (Keras's
+`fake_quant_with_min_max_vars`) over a range tracked by an exponential
+moving average of batch minima and maxima while training. Outputs after a
+linear or ReLU activation are quantised as they are; for any other
+activation (sigmoid, softmax, tanh) the pre-activation values are, and the
+activation follows, as integer inference engines do: a saturating output
+quantised over its own narrow range would stop the gradient.
+"""
+
+import os
+import tempfile
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from kdist.sparsity import bridge
+from kdist.sparsity.pruning import PruneLowMagnitude
+from kdist.sparsity.wrapping import KernelWrapper, kernel_variable, rewrite, wrappers_in
+
+
+_QUANTISED_AFTER = ("linear", "relu", "relu6", None)
+
+
+def _activation_name(layer):
+    activation = getattr(layer, "activation", None)
+    return None if activation is None else getattr(activation, "__name__", None)
+
+
+def _check_bits(bits):
+    if int(bits) != bits or not 2 <= bits <= 16:
+        raise ValueError(f"bits must be an integer from 2 to 16; got {bits}.")
+    return int(bits)
+
+
+def quantize_array(values, bits, per_channel=True):
+    """Integer codes and scales of a kernel: `values ~ codes * scales`.
+
+    Scales are per last axis (output channel) when `per_channel`, else one
+    scalar. Codes are int8 for up to 8 bits, int16 above.
+
+    >>> codes, scales = quantize_array(np.array([[0.5, -1.5], [-0.4, 3.0]]), bits=3)
+    >>> codes.tolist(), scales.tolist()
+    ([[3, -2], [-2, 3]], [0.1666666716337204, 1.0])
+    """
+    bits = _check_bits(bits)
+    values = np.asarray(values, dtype=np.float32)
+    levels = np.float32(2 ** (bits - 1) - 1)
+    axes = tuple(range(values.ndim - 1)) if per_channel and values.ndim > 1 else None
+    largest = np.max(np.abs(values), axis=axes, keepdims=axes is not None)
+    scales = np.where(largest > 0, largest * (np.float32(1.0) / levels),
+                      np.float32(1.0)).astype(np.float32)
+    codes = np.clip(np.rint(values / scales), -levels, levels)
+    dtype = np.int8 if bits <= 8 else np.int16
+    return codes.astype(dtype), (scales.reshape(-1) if axes is not None else scales)
+
+
+def fake_quantize(value, bits, per_channel=True):
+    """`value` on the b-bit grid of `quantize_array`; gradients pass straight through."""
+    ops = keras.ops
+    value32 = ops.cast(value, "float32")
+    levels = float(2 ** (bits - 1) - 1)
+    # Multiplied by the float32 reciprocal, as in `quantize_array`: a graph
+    # would turn a division by the constant into exactly this, and eager
+    # execution must give the same scale.
+    step = float(np.float32(1.0) / np.float32(levels))
+    shape = value32.shape
+    axes = tuple(range(len(shape) - 1)) if per_channel and len(shape) > 1 else None
+    largest = ops.max(ops.abs(value32), axis=axes, keepdims=True)
+    scale = ops.where(largest > 0, largest * step, ops.ones_like(largest))
+
+    def to_grid(v):
+        return ops.clip(ops.round(v / scale), -levels, levels) * scale
+
+    # An identity gradient, and a forward value exactly on the grid (an
+    # `x + stop_gradient(q - x)` form would leave it an ulp off).
+    straight = tf.grad_pass_through(to_grid)(value32)
+    return ops.cast(straight, value.dtype)
+
+
+@keras.saving.register_keras_serializable(package="kdist")
+class QuantizeAware(KernelWrapper):
+    """Trains its layer as it will run in `bits`-bit integers.
+
+    Args:
+        layer: a layer with a kernel, or a `PruneLowMagnitude` wrapper.
+        bits: 2 to 16.
+        per_channel: one weight scale per output channel (else per tensor).
+        activations: also fake-quantise the layer's output.
+        preserve_sparsity: keep weights that are zero when wrapped at zero
+            (a pruned, stripped model stays pruned while it is fine-tuned).
+        momentum: of the moving average of the output range.
+    """
+
+    def __init__(self, layer, bits=8, per_channel=True, activations=True,
+                 preserve_sparsity=True, momentum=0.99, deferred_activation=None, **kwargs):
+        kwargs.setdefault("name", f"quantized_{layer.name}")
+        super().__init__(layer, **kwargs)
+        base = self.base_layer
+        if deferred_activation is not None:
+            deferred_activation = keras.activations.get(deferred_activation)
+        elif activations and _activation_name(base) not in _QUANTISED_AFTER:
+            deferred_activation = base.activation
+            base.activation = keras.activations.linear
+        self.deferred_activation = deferred_activation
+        self.bits = _check_bits(bits)
+        self.per_channel = bool(per_channel)
+        self.activations = bool(activations)
+        self.preserve_sparsity = bool(preserve_sparsity)
+        if not 0.0 <= momentum < 1.0:
+            raise ValueError(f"momentum must lie in [0, 1); got {momentum}.")
+        self.momentum = float(momentum)
+
+    def build_state(self, kernel):
+        self.keep = self.add_weight(name="keep", shape=kernel.shape, initializer="ones",
+                                    trainable=False, dtype="float32", autocast=False,
+                                    aggregation="only_first_replica")
+        scalar = dict(shape=(), trainable=False, dtype="float32", autocast=False,
+                      aggregation="mean")
+        self.output_min = self.add_weight(name="output_min", initializer="zeros", **scalar)
+        self.output_max = self.add_weight(name="output_max", initializer="zeros", **scalar)
+        self.range_seen = self.add_weight(name="range_seen", initializer="zeros", **scalar)
+
+    def freeze_zeros(self):
+        """Keeps the kernel's present zeros at zero from now on."""
+        kernel = keras.ops.convert_to_numpy(self.kernel)
+        self.keep.assign((kernel != 0).astype(np.float32))
+
+    def transform_kernel(self, value, training):
+        value = value * keras.ops.cast(self.keep, value.dtype)
+        return fake_quantize(value, self.bits, self.per_channel)
+
+    def transform_output(self, outputs, training):
+        if not self.activations:
+            return outputs
+        ops = keras.ops
+        low, high = self.output_min, self.output_max
+        if training:
+            floats = ops.cast(outputs, "float32")
+            batch_low, batch_high = ops.min(floats), ops.max(floats)
+            seen = self.range_seen > 0
+            m = self.momentum
+            low = ops.where(seen, m * low + (1 - m) * batch_low, batch_low)
+            high = ops.where(seen, m * high + (1 - m) * batch_high, batch_high)
+            self.output_min.assign(low)
+            self.output_max.assign(high)
+            self.range_seen.assign(1.0)
+        quantized = keras.quantizers.fake_quant_with_min_max_vars(
+            ops.cast(outputs, "float32"), ops.stop_gradient(low), ops.stop_gradient(high),
+            num_bits=self.bits)
+        if not training:
+            # Before any training step there is no range yet: pass values through.
+            quantized = ops.where(self.range_seen > 0, quantized, ops.cast(outputs, "float32"))
+        outputs = ops.cast(quantized, outputs.dtype)
+        if self.deferred_activation is not None:
+            outputs = self.deferred_activation(outputs)
+        return outputs
+
+    def restore_config(self, config):
+        if self.deferred_activation is not None:
+            config = dict(config, activation=keras.activations.serialize(
+                self.deferred_activation))
+        return config
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(bits=self.bits, per_channel=self.per_channel,
+                      activations=self.activations, preserve_sparsity=self.preserve_sparsity,
+                      momentum=self.momentum,
+                      deferred_activation=None if self.deferred_activation is None else
+                      keras.activations.serialize(self.deferred_activation))
+        return config
+
+    @classmethod
+    def from_config(cls, config, custom_objects=None):
+        config = dict(config)
+        config["layer"] = keras.saving.deserialize_keras_object(
+            config["layer"], custom_objects=custom_objects)
+        return cls(**config)
+
+
+def quantize(model, bits=8, per_channel=True, activations=True, preserve_sparsity=True,
+             skip=()):
+    """Wraps every layer with a kernel in `QuantizeAware` for fake-quant training.
+
+    Works on a pruned model too (pruning goes on, and the kernel stays on the
+    grid), or on a stripped pruned model (`preserve_sparsity` keeps its zeros).
+    A tf_keras model goes to tensorflow-model-optimization's `quantize_model`
+    (8 bits only).
+
+    Args:
+        model: a Sequential or functional model (a copy is returned), or a layer.
+        bits, per_channel, activations, preserve_sparsity: see `QuantizeAware`.
+        skip: layer names or classes to leave in float.
+
+    Example:
+
+    >>> import keras, kdist
+    >>> model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4)])
+    >>> qmodel = kdist.sparsity.quantize(model, bits=4)
+    >>> exported = kdist.sparsity.export_quantized(qmodel)
+    >>> codes, scales = exported[qmodel.layers[0].base_layer.name]["kernel"]
+    >>> int(np.abs(codes).max()) <= 7
+    True
+    """
+    bits = _check_bits(bits)
+    if bridge.is_tf_keras(model):
+        return bridge.quantize(model, bits, per_channel, activations)
+    skip = tuple(skip) if isinstance(skip, (list, tuple, set)) else (skip,)
+    options = dict(bits=bits, per_channel=per_channel, activations=activations,
+                   preserve_sparsity=preserve_sparsity)
+
+    def wanted(layer):
+        if isinstance(layer, QuantizeAware) or any(
+                layer.name == s if isinstance(s, str) else isinstance(layer, s) for s in skip):
+            return False
+        base = layer.base_layer if isinstance(layer, KernelWrapper) else layer
+        return kernel_variable(base) is not None or (
+            not base.built and hasattr(base, "kernel_initializer"))
+
+    if isinstance(model, keras.Model):
+        chosen = []
+
+        def replace(layer):
+            if not wanted(layer):
+                return None
+            fresh = type(layer).from_config(layer.get_config())
+            chosen.append(layer.name)
+            return (QuantizeAware(fresh, **options), fresh,
+                    layer.get_weights() if layer.built else None)
+
+        quantized = rewrite(model, replace, "quantize")
+        if not chosen:
+            raise ValueError(f"Nothing to quantize in model {model.name!r}: no layer with a "
+                             f"kernel is left after skip={list(skip)}.")
+    elif isinstance(model, keras.layers.Layer):
+        if not wanted(model):
+            raise ValueError(f"Cannot quantize layer {model.name!r}: it has no kernel, is "
+                             "already quantized, or is in skip.")
+        quantized = QuantizeAware(model, **options)
+    else:
+        raise TypeError(f"quantize() takes a Keras model or layer; got {type(model).__name__}.")
+    if preserve_sparsity:
+        for wrapper in wrappers_in(quantized, QuantizeAware):
+            if wrapper.built and not isinstance(wrapper.layer, PruneLowMagnitude):
+                wrapper.freeze_zeros()
+    return quantized
+
+
+def export_quantized(model, path=None):
+    """The integer weights of every `QuantizeAware` layer, with their scales.
+
+    Returns `{layer name: {"kernel": (codes, scales), "bits": b, "bias": array
+    or None, "output_range": (min, max) or None, "activation_after_range":
+    name or None}}`, where `codes * scales` is exactly the kernel the layer
+    computes with, and the activation named last (sigmoid, softmax, ...)
+    applies after the output is quantised over `output_range`. With `path`, also writes
+    them to an `.npz` file (atomically) with keys `<layer>/codes`,
+    `<layer>/scales`, `<layer>/bias`, `<layer>/output_range`.
+    """
+    wrappers = wrappers_in(model, QuantizeAware)
+    if not wrappers:
+        raise ValueError("export_quantized() found no layer wrapped by "
+                         "kdist.sparsity.quantize in this model.")
+    exported = {}
+    for wrapper in wrappers:
+        base = wrapper.base_layer
+        kernel = wrapper.kernel.value
+        for inner in wrapper._chain():
+            if inner is wrapper:
+                break
+            kernel = inner.transform_kernel(kernel, False)
+        kernel = keras.ops.convert_to_numpy(kernel) * keras.ops.convert_to_numpy(wrapper.keep)
+        bias = getattr(base, "bias", None)
+        output_range = None
+        if wrapper.activations and float(wrapper.range_seen) > 0:
+            output_range = (float(wrapper.output_min), float(wrapper.output_max))
+        exported[base.name] = {
+            "kernel": quantize_array(kernel, wrapper.bits, wrapper.per_channel),
+            "bits": wrapper.bits,
+            "activation_after_range": None if wrapper.deferred_activation is None else
+            wrapper.deferred_activation.__name__,
+            "bias": None if bias is None else keras.ops.convert_to_numpy(bias),
+            "output_range": output_range}
+    if path is not None:
+        arrays = {}
+        for name, entry in exported.items():
+            arrays[f"{name}/codes"], arrays[f"{name}/scales"] = entry["kernel"]
+            arrays[f"{name}/bits"] = np.array(entry["bits"])
+            if entry["bias"] is not None:
+                arrays[f"{name}/bias"] = entry["bias"]
+            if entry["output_range"] is not None:
+                arrays[f"{name}/output_range"] = np.array(entry["output_range"], np.float32)
+        directory = os.path.dirname(os.path.abspath(path))
+        handle, temporary = tempfile.mkstemp(suffix=".npz", dir=directory)
+        try:
+            with os.fdopen(handle, "wb") as stream:
+                np.savez(stream, **arrays)
+            os.replace(temporary, path)
+        except BaseException:
+            os.unlink(temporary)
+            raise
+    return exported

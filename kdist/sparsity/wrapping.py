@@ -1,0 +1,206 @@
+"""Layers that change what their wrapped layer sees as its kernel.
+
+A `KernelWrapper` calls its layer with the kernel replaced by a transformed
+value (masked, fake-quantised) inside a `keras.StatelessScope`, so the
+layer's own code runs unchanged and gradients reach the real kernel through
+the transform. Wrappers nest: the outermost applies every transform of the
+chain, innermost first, in one scope.
+
+`rewrite` copies a Sequential or functional model with some layers replaced,
+carrying every weight over; `strip` uses it to drop the wrappers again.
+"""
+
+import keras
+
+from kdist.sparsity import bridge
+
+try:  # Keras keeps the class that both Sequential and functional models share here.
+    from keras.src.models.functional import Functional as _Functional
+except ImportError:  # pragma: no cover
+    _Functional = None
+
+
+def kernel_variable(layer):
+    """The kernel `Variable` of `layer`, or None when it has none."""
+    for name in ("_kernel", "kernel"):
+        value = getattr(layer, name, None)
+        if isinstance(value, keras.Variable) and value.trainable:
+            return value
+    return None
+
+
+class KernelWrapper(keras.layers.Wrapper):
+    """Base class: subclasses give `transform_kernel` and `transform_output`."""
+
+    def __init__(self, layer, **kwargs):
+        kwargs.setdefault("dtype", layer.dtype_policy)
+        super().__init__(layer, **kwargs)
+
+    @property
+    def base_layer(self):
+        """The plain layer at the bottom of the wrapper chain."""
+        layer = self.layer
+        while isinstance(layer, KernelWrapper):
+            layer = layer.layer
+        return layer
+
+    @property
+    def kernel(self):
+        return kernel_variable(self.base_layer)
+
+    def _chain(self):
+        chain, layer = [self], self.layer
+        while isinstance(layer, KernelWrapper):
+            chain.append(layer)
+            layer = layer.layer
+        return chain[::-1]  # innermost first
+
+    def build(self, input_shape=None):
+        super().build(input_shape)
+        if self.kernel is None:
+            raise ValueError(f"{type(self).__name__} needs a layer with a kernel; "
+                             f"{self.base_layer.name} has none.")
+        self.build_state(self.kernel)
+        self.built = True
+
+    def build_state(self, kernel):
+        """Creates the wrapper's own variables once the kernel exists."""
+
+    def transform_kernel(self, value, training):
+        return value
+
+    def transform_output(self, outputs, training):
+        return outputs
+
+    def effective_kernel(self, training=False):
+        """The kernel the wrapped layer computes with."""
+        value = self.kernel.value
+        for wrapper in self._chain():
+            value = wrapper.transform_kernel(value, training)
+        return value
+
+    def call(self, inputs, training=None, **kwargs):
+        training = bool(training)
+        base, kernel = self.base_layer, self.kernel
+        value = self.effective_kernel(training)
+        given = {id(kernel): value}
+        mapping = [(kernel, value)]
+        for variable in base.variables:
+            if variable is not kernel:
+                given[id(variable)] = variable.value
+                mapping.append((variable, given[id(variable)]))
+        with keras.StatelessScope(mapping, collect_losses=True) as scope:
+            outputs = base(inputs, training=training, **kwargs)
+        # What the layer assigned inside the scope (statistics, seeds) is applied now.
+        for variable in base.variables:
+            updated = scope.get_current_value(variable)
+            if updated is not None and updated is not given[id(variable)]:
+                variable.assign(updated)
+        for loss in scope.losses:
+            self.add_loss(loss)
+        for wrapper in self._chain():
+            outputs = wrapper.transform_output(outputs, training)
+        return outputs
+
+    def compute_output_shape(self, input_shape):
+        return self.base_layer.compute_output_shape(input_shape)
+
+    def restore_config(self, config):
+        """The base layer's config as it is to be once this wrapper is gone."""
+        return config
+
+    def stripped_layer(self):
+        """A new plain layer computing what this wrapper chain computes at inference."""
+        config = self.base_layer.get_config()
+        for wrapper in self._chain():
+            config = wrapper.restore_config(config)
+        return type(self.base_layer).from_config(config)
+
+    def strip_weights(self):
+        """The base layer's weights with the effective kernel in the kernel's place."""
+        base, kernel = self.base_layer, self.kernel
+        effective = keras.ops.convert_to_numpy(self.effective_kernel(False))
+        return [effective.astype(kernel.dtype) if v is kernel else keras.ops.convert_to_numpy(v)
+                for v in base.weights]
+
+
+def wrappers_in(model, kind=KernelWrapper):
+    """Every wrapper of type `kind` in `model`, nested ones included."""
+    if isinstance(model, keras.layers.Layer):
+        return [layer for layer in model._flatten_layers(include_self=True, recursive=True)
+                if isinstance(layer, kind)]
+    raise TypeError(f"Expected a Keras model or layer; got {type(model).__name__}.")
+
+
+def rewrite(model, replace, caller):
+    """A copy of `model` with `replace(layer)` substituted where it is not None.
+
+    `replace(layer)` returns `(new_layer, target, weights)`: once the copy is
+    built, `target.set_weights(weights)`. Every other layer is re-created from
+    its config and gets its weights copied.
+    """
+    if isinstance(model, keras.Model) and not (
+            isinstance(model, keras.Sequential)
+            or (_Functional is not None and isinstance(model, _Functional))):
+        raise TypeError(
+            f"{caller}() rewrites Sequential and functional models; "
+            f"{type(model).__name__} is a subclassed model. Wrap its layers where you create "
+            f"them instead, e.g. `self.dense = kdist.sparsity.{caller}(keras.layers.Dense(64), "
+            "...)`.")
+    fills = []
+
+    def clone(layer):
+        found = replace(layer)
+        if found is None:
+            fresh = type(layer).from_config(layer.get_config())
+            found = (fresh, fresh, layer.get_weights() if layer.built else None)
+        new, target, weights = found
+        if weights is not None:
+            fills.append((target, weights))
+        return new
+
+    copy = keras.models.clone_model(model, clone_function=clone, recursive=True)
+    for target, weights in fills:
+        if weights and target.built:
+            target.set_weights(weights)
+    return copy
+
+
+def strip(model):
+    """A plain model: every kdist wrapper replaced by its layer, computing as before.
+
+    A pruned kernel gets its zeros, a quantised one its values on the grid
+    (activations are no longer quantised). The result predicts exactly what
+    the wrapped model predicts at inference (without activation
+    quantisation). A tf_keras model goes to tensorflow-model-optimization's
+    `strip_pruning`.
+
+    Example:
+
+    >>> import keras, kdist
+    >>> model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4)])
+    >>> pruned = kdist.sparsity.prune(model, kdist.sparsity.ConstantSparsity(0.5, 0))
+    >>> plain = kdist.sparsity.strip(pruned)
+    >>> [type(layer).__name__ for layer in plain.layers]
+    ['Dense']
+    """
+    if bridge.is_tf_keras(model):
+        return bridge.strip(model)
+    if isinstance(model, KernelWrapper):
+        base = model.base_layer
+        layer = model.stripped_layer()
+        if model.built:
+            layer.build_from_config(base.get_build_config())
+            layer.set_weights(model.strip_weights())
+        return layer
+    if not isinstance(model, keras.Model):
+        raise TypeError(f"strip() takes a Keras model or a kdist wrapper layer; "
+                        f"got {type(model).__name__}.")
+
+    def replace(layer):
+        if not isinstance(layer, KernelWrapper):
+            return None
+        fresh = layer.stripped_layer()
+        return fresh, fresh, layer.strip_weights() if layer.built else None
+
+    return rewrite(model, replace, "strip")
