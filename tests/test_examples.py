@@ -42,3 +42,26 @@ def test_parameter_server_example_learns_and_saves_the_central_model(mpirun, tmp
     assert "Epoch 4/4" in job.output
     assert _accuracy(job.output) > 0.85
     assert saved.exists()
+
+
+SPARSITY_EXAMPLE = os.path.join(ROOT, "examples", "prune_quantize.py")
+
+
+@pytest.mark.mpi
+def test_prune_quantize_example_keeps_accuracy_and_exports_integers(mpirun, tmp_path):
+    import numpy as np
+
+    exported = tmp_path / "digits_int.npz"
+    job = mpirun(SPARSITY_EXAMPLE, n=2, timeout=300,
+                 args=["--epochs", 4, "--sparsity", 0.8, "--export", exported])
+    found = dict(re.findall(r"^(?:\[kdist 0\] )?(.+): test accuracy ([0-9.]+)$", job.output,
+                            re.MULTILINE))
+    assert set(found) == {"dense", "pruned to 80%", "8-bit"}, job.output[-3000:]
+    assert float(found["dense"]) > 0.9
+    assert float(found["pruned to 80%"]) > float(found["dense"]) - 0.05
+    assert float(found["8-bit"]) > float(found["dense"]) - 0.05
+    with np.load(exported) as stored:
+        codes = stored["hidden1/codes"]
+        assert codes.dtype == np.int8 and codes.shape == (64, 256)
+        assert np.mean(codes == 0) == pytest.approx(0.8, abs=1e-3)
+        assert stored["logits/scales"].shape == (10,)

@@ -354,7 +354,7 @@ def test_module_doctests():
 # The tfmot bridge ----------------------------------------------------------------------
 
 def test_tf_keras_models_are_handed_to_tensorflow_model_optimization():
-    tfmot = pytest.importorskip("tensorflow_model_optimization")
+    pytest.importorskip("tensorflow_model_optimization")
     tf_keras = pytest.importorskip("tf_keras")
     tf_keras.utils.set_random_seed(0)
     model = tf_keras.Sequential([tf_keras.layers.Input((10,)),
