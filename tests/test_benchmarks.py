@@ -73,3 +73,22 @@ def test_gan_throughput_benchmark_compares_one_and_two_ranks(mpiexec_path):
     assert all(rate > 0 for rate in small["showers_per_s"].values())
     assert small["scaling"] == pytest.approx(small["showers_per_s"]["2"]
                                              / small["showers_per_s"]["1"])
+
+
+def test_sparsity_benchmark_compares_kdist_with_tfmot():
+    pytest.importorskip("tensorflow_model_optimization")
+    done = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "benchmarks", "sparsity.py"), "--seeds", "1",
+         "--epochs", "1", "--pretrain-epochs", "1", "--rows", "2000", "--sparsities", "0.5"],
+        capture_output=True, text=True, timeout=400, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = _json_from(done.stdout)
+    (run,) = result["runs"]
+    for lib in ("kdist", "tfmot"):
+        assert set(run[lib]) == {"dense", "pruned@0.5", "qat8"}
+        assert all(0.0 < accuracy <= 1.0 for accuracy in run[lib].values())
+    pruned = result["summary"]["pruned@0.5"]
+    assert pruned["kdist_drop_points"] == pytest.approx(
+        100 * (run["kdist"]["dense"] - run["kdist"]["pruned@0.5"]))
+    assert pruned["target_met"] == (pruned["kdist_drop_points"]
+                                    <= pruned["tfmot_drop_points"] + 0.5)
