@@ -47,7 +47,8 @@ from kdist.comm import (  # noqa: E402
 
 # Modules that need Keras load on first use, so that `kdist run` and `kdist
 # --help` start without importing TensorFlow.
-_LAZY_MODULES = ("callbacks", "distribute", "gan", "optimizers", "precision", "ps", "sparsity")
+_LAZY_MODULES = ("callbacks", "distribute", "gan", "optimizers", "precision", "ps", "sparsity",
+                 "tune")
 
 
 def __getattr__(name):

@@ -1,0 +1,17 @@
+"""Hyper-parameter search for keras-tuner: genetic and Bayesian oracles, K-fold tuning.
+
+>>> import keras_tuner as kt, kdist.tune
+>>> oracle = kdist.tune.BayesianOracle(objective=kt.Objective("val_loss", "min"),
+...                                    max_trials=30)
+
+Both oracles plug into any `keras_tuner.Tuner` (`oracle=`); `KFoldTuner`
+scores trials by cross-validation.
+"""
+
+from kdist.tune.bayesian import BayesianOracle, expected_improvement
+from kdist.tune.genetic import GeneticOracle
+from kdist.tune.kfold import KFoldTuner, fold_indices
+from kdist.tune.space import Encoding
+
+__all__ = ["BayesianOracle", "Encoding", "GeneticOracle", "KFoldTuner",
+           "expected_improvement", "fold_indices"]

@@ -1,0 +1,215 @@
+"""A Gaussian-process oracle for keras-tuner, built on scikit-learn's GP regression."""
+
+import logging
+import warnings
+
+import keras_tuner as kt
+import numpy as np
+from scipy import optimize, stats
+
+from kdist.tune.space import Encoding
+
+logger = logging.getLogger(__name__)
+
+
+def expected_improvement(mean, std, best, xi=0.0):
+    """E[max(best - f - xi, 0)] for f ~ N(mean, std^2): improvement below `best`.
+
+    >>> round(float(expected_improvement(np.array([0.0]), np.array([1.0]), 0.0)[0]), 4)
+    0.3989
+    """
+    std = np.maximum(std, 1e-12)
+    z = (best - mean - xi) / std
+    return (best - mean - xi) * stats.norm.cdf(z) + std * stats.norm.pdf(z)
+
+
+def warp(scores):
+    """Scores made closer to Gaussian (Yeo-Johnson, then standardised), order kept.
+
+    Losses are skewed: a few bad trials would set the process's scale and
+    flatten the region of the good ones.
+    """
+    from sklearn.preprocessing import PowerTransformer
+
+    scores = np.asarray(scores, dtype=float)
+    if len(scores) < 3 or np.ptp(scores) == 0:
+        return scores
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        warped = PowerTransformer(method="yeo-johnson").fit_transform(scores[:, None])[:, 0]
+    return warped if np.all(np.isfinite(warped)) else scores
+
+
+class BayesianOracle(kt.Oracle):
+    """Gaussian-process search with expected improvement.
+
+    The first `num_initial_points` trials come from a scrambled Sobol
+    sequence. After that each trial maximises expected improvement under a
+    Gaussian process (scikit-learn; Matern 5/2 kernel with one length scale
+    per input, plus a noise term) fitted to the finished trials. Inputs are
+    the unit cube of each hyper-parameter's own scale (log scales stay log,
+    integers are rounded), unordered choices are one-hot; scores are
+    standardised. Trials still running are added to the data at the
+    process's predicted mean ("kriging believer"), so concurrent requests get
+    different proposals, and a proposal never repeats a trial.
+
+    Args:
+        objective, max_trials, hyperparameters, allow_new_entries,
+        tune_new_entries, max_retries_per_trial, max_consecutive_failed_trials:
+            as for any `keras_tuner.Oracle`.
+        num_initial_points: Sobol trials before the model takes over
+            (default: 2 per dimension, at least 3, at most `max_trials // 3`
+            once the search space is known).
+        xi: exploration margin of expected improvement, in standardised units.
+        candidates: random points scored before the local optimisation.
+        seed: makes a search reproducible.
+
+    Example:
+
+    >>> import keras_tuner as kt
+    >>> oracle = BayesianOracle(objective=kt.Objective("val_loss", "min"), max_trials=30)
+    """
+
+    def __init__(self, objective=None, max_trials=30, num_initial_points=None, xi=0.01,
+                 candidates=2000, seed=None, hyperparameters=None, allow_new_entries=True,
+                 tune_new_entries=True, max_retries_per_trial=0,
+                 max_consecutive_failed_trials=3):
+        super().__init__(objective=objective, max_trials=max_trials,
+                         hyperparameters=hyperparameters, allow_new_entries=allow_new_entries,
+                         tune_new_entries=tune_new_entries, seed=seed,
+                         max_retries_per_trial=max_retries_per_trial,
+                         max_consecutive_failed_trials=max_consecutive_failed_trials)
+        if num_initial_points is not None and (int(num_initial_points) != num_initial_points
+                                               or num_initial_points < 1):
+            raise ValueError(f"num_initial_points must be an integer >= 1; "
+                             f"got {num_initial_points}.")
+        if xi < 0:
+            raise ValueError(f"xi must be >= 0; got {xi}.")
+        if int(candidates) != candidates or candidates < 1:
+            raise ValueError(f"candidates must be an integer >= 1; got {candidates}.")
+        self.num_initial_points = num_initial_points
+        self.xi = float(xi)
+        self.candidates = int(candidates)
+
+    def initial_points(self, dimensions):
+        if self.num_initial_points is not None:
+            return self.num_initial_points
+        return max(3, min(2 * dimensions, (self.max_trials or 30) // 3))
+
+    # keras-tuner's hook: one call per new trial.
+    def populate_space(self, trial_id):
+        encoding = Encoding(self.hyperparameters, one_hot=True)
+        if encoding.dimensions == 0:
+            return self._running(self._random_values())
+        rng = np.random.default_rng([self.seed or 0, int(trial_id)])
+        finished, scores, pending = self._data(encoding, trial_id)
+        if len(finished) < max(2, self.initial_points(encoding.dimensions)):
+            return self._running(self._unique(encoding, self._sobol(encoding, trial_id), rng))
+        return self._running(self._unique(encoding,
+                                          self._propose(encoding, finished, scores, pending,
+                                                        rng), rng))
+
+    def _data(self, encoding, trial_id):
+        finished, scores, pending = [], [], []
+        for trial in self.trials.values():
+            if trial.trial_id == trial_id:
+                continue
+            vector = encoding.encode(trial.hyperparameters.values)
+            if trial.status == kt.engine.trial.TrialStatus.COMPLETED:
+                if trial.score is not None and np.isfinite(trial.score):
+                    finished.append(vector)
+                    sign = 1.0 if self.objective.direction == "min" else -1.0
+                    scores.append(sign * trial.score)
+            elif trial.status == kt.engine.trial.TrialStatus.RUNNING:
+                pending.append(vector)
+        return np.array(finished), np.array(scores), np.array(pending)
+
+    def _sobol(self, encoding, trial_id):
+        sampler = stats.qmc.Sobol(encoding.dimensions, scramble=True, seed=self.seed or 0)
+        index = int(trial_id)
+        if index:
+            sampler.fast_forward(index)
+        return sampler.random(1)[0]
+
+    def _model(self, inputs, targets, rng):
+        from sklearn.gaussian_process import GaussianProcessRegressor
+        from sklearn.gaussian_process.kernels import ConstantKernel, Matern, WhiteKernel
+
+        kernel = (ConstantKernel(1.0, (1e-2, 1e2))
+                  * Matern(np.full(inputs.shape[1], 0.5), (5e-2, 2e1), nu=2.5)
+                  + WhiteKernel(1e-4, (1e-8, 1e-1)))
+        # Targets are standardised and shifted so that the prior mean is the
+        # worst score seen: far from every trial the process then expects a bad
+        # result, not an average one, and expected improvement stops favouring
+        # the corners of the cube just because they are uncertain.
+        model = GaussianProcessRegressor(kernel, normalize_y=False, n_restarts_optimizer=3,
+                                         random_state=int(rng.integers(2 ** 31)))
+        with warnings.catch_warnings():
+            # Length scales at their bounds are expected with few points.
+            warnings.simplefilter("ignore")
+            model.fit(inputs, targets)
+        return model
+
+    def _propose(self, encoding, finished, scores, pending, rng):
+        scores = warp(scores)
+        scores = (scores - scores.mean()) / (scores.std() or 1.0)
+        scores = scores - scores.max()
+        model = self._model(finished, scores, rng)
+        if len(pending):
+            believed = model.predict(pending)
+            model = self._model(np.vstack([finished, pending]),
+                                np.concatenate([scores, believed]), rng)
+        best = scores.min()
+        scale = scores.std() or 1.0
+
+        def negative_ei(points):
+            mean, std = model.predict(np.atleast_2d(points), return_std=True)
+            return -expected_improvement(mean, std, best, self.xi * scale)
+
+        # Random points, and moves of several sizes around the best trials: in
+        # more than a few dimensions random points alone rarely land where the
+        # improvement is.
+        dims = encoding.dimensions
+        candidates = [rng.uniform(size=(self.candidates, dims))]
+        for rank, index in enumerate(np.argsort(scores[:len(finished)])[:3]):
+            count = max(1, self.candidates // (2 * (rank + 1)))
+            steps = rng.normal(size=(count, dims)) * rng.choice([0.01, 0.05, 0.15], (count, 1))
+            candidates.append(np.clip(finished[index] + steps, 0.0, 1.0))
+        candidates = np.vstack(candidates)
+        values = negative_ei(candidates)
+        starts = candidates[np.argsort(values)[:5]]
+        best_point, best_value = starts[0], values.min()
+        bounds = [(0.0, 1.0)] * encoding.dimensions
+        for start in starts:
+            found = optimize.minimize(lambda p: float(negative_ei(p)[0]), start,
+                                      method="L-BFGS-B", bounds=bounds,
+                                      options={"maxiter": 50})
+            if found.fun < best_value:
+                best_point, best_value = found.x, found.fun
+        return best_point
+
+    def _unique(self, encoding, vector, rng):
+        for _ in range(20):
+            values = encoding.decode(vector)
+            if not self._duplicate(values):
+                return values
+            vector = np.clip(vector + rng.normal(scale=0.05, size=vector.shape), 0.0, 1.0)
+        return self._random_values()
+
+    @staticmethod
+    def _running(values):
+        if values is None:
+            return {"status": kt.engine.trial.TrialStatus.STOPPED, "values": None}
+        return {"status": kt.engine.trial.TrialStatus.RUNNING, "values": values}
+
+    def get_state(self):
+        state = super().get_state()
+        state.update(num_initial_points=self.num_initial_points, xi=self.xi,
+                     candidates=self.candidates)
+        return state
+
+    def set_state(self, state):
+        super().set_state(state)
+        self.num_initial_points = state["num_initial_points"]
+        self.xi = state["xi"]
+        self.candidates = state["candidates"]

@@ -1,0 +1,197 @@
+"""A genetic-algorithm oracle for keras-tuner, with DEAP's selection tools."""
+
+import logging
+import math
+
+import keras_tuner as kt
+import numpy as np
+
+from kdist.tune import operators
+from kdist.tune.space import Encoding
+
+logger = logging.getLogger(__name__)
+
+_FINISHED = (kt.engine.trial.TrialStatus.COMPLETED, kt.engine.trial.TrialStatus.FAILED,
+             kt.engine.trial.TrialStatus.INVALID)
+
+
+class GeneticOracle(kt.Oracle):
+    """Evolves hyper-parameters: elitism, binary tournaments, directed crossover,
+    non-uniform mutation.
+
+    Generation 0 is `population_size` random trials. Each later generation
+    keeps the best `elite_fraction` of the population (they are not trained
+    again) and fills the rest with children: two parents from binary
+    tournaments, `child = r * (A - B) + A` with A the fitter, then Michalewicz
+    mutation whose steps shrink over the planned generations. Genes live in
+    the unit cube of each hyper-parameter's own scale (log scales stay log),
+    integers are rounded, unordered choices are inherited and resampled.
+
+    A generation waits for its slowest trial. With `steady_state=True` every
+    request gets a child of the best `population_size` trials finished so far,
+    so parallel groups never wait.
+
+    Args:
+        objective, max_trials, hyperparameters, allow_new_entries,
+        tune_new_entries, max_retries_per_trial, max_consecutive_failed_trials:
+            as for any `keras_tuner.Oracle`.
+        population_size: individuals per generation (at least 2).
+        generations: generations to anneal the mutation over; by default as
+            many as `max_trials` allows.
+        elite_fraction: share of the population kept as it is, in [0, 1).
+        mutation_rate: chance that a gene mutates (default `1 / genes`, at
+            least 0.1).
+        steady_state: hand out children without waiting for generations.
+        seed: makes a search reproducible.
+
+    Example:
+
+    >>> import keras_tuner as kt
+    >>> oracle = GeneticOracle(objective=kt.Objective("loss", "min"), max_trials=40,
+    ...                        population_size=8, seed=1)
+    >>> oracle.planned_generations  # 8 random, then 6 children (2 elites) per generation
+    7
+    """
+
+    def __init__(self, objective=None, max_trials=64, population_size=16, generations=None,
+                 elite_fraction=0.2, mutation_rate=None, steady_state=False, seed=None,
+                 hyperparameters=None, allow_new_entries=True, tune_new_entries=True,
+                 max_retries_per_trial=0, max_consecutive_failed_trials=3):
+        super().__init__(objective=objective, max_trials=max_trials,
+                         hyperparameters=hyperparameters, allow_new_entries=allow_new_entries,
+                         tune_new_entries=tune_new_entries, seed=seed,
+                         max_retries_per_trial=max_retries_per_trial,
+                         max_consecutive_failed_trials=max_consecutive_failed_trials)
+        if int(population_size) != population_size or population_size < 2:
+            raise ValueError(f"population_size must be an integer >= 2; got {population_size}.")
+        if not 0.0 <= elite_fraction < 1.0:
+            raise ValueError(f"elite_fraction must lie in [0, 1); got {elite_fraction}.")
+        if mutation_rate is not None and not 0.0 <= mutation_rate <= 1.0:
+            raise ValueError(f"mutation_rate must lie in [0, 1]; got {mutation_rate}.")
+        if generations is not None and (int(generations) != generations or generations < 1):
+            raise ValueError(f"generations must be an integer >= 1; got {generations}.")
+        self.population_size = int(population_size)
+        self.elite_fraction = float(elite_fraction)
+        self.mutation_rate = mutation_rate
+        self.steady_state = bool(steady_state)
+        self.elite_size = (int(math.ceil(self.elite_fraction * self.population_size))
+                           if self.elite_fraction > 0 else 0)
+        self.elite_size = min(self.elite_size, self.population_size - 1)
+        self.generations = generations
+        self.generation = 0
+        self.population = []  # trial ids of the current parents
+        self.members = []  # trial ids handed out in the current generation
+
+    @property
+    def brood_size(self):
+        """Trials in each generation after the first."""
+        return self.population_size - self.elite_size
+
+    @property
+    def planned_generations(self):
+        if self.generations is not None:
+            return int(self.generations)
+        extra = max(0, (self.max_trials or self.population_size) - self.population_size)
+        return 1 + int(math.ceil(extra / self.brood_size))
+
+    # keras-tuner's hook: one call per new trial.
+    def populate_space(self, trial_id):
+        encoding = Encoding(self.hyperparameters)
+        rng = np.random.default_rng([self.seed or 0, int(trial_id)])
+        if encoding.dimensions == 0:
+            return self._running(self._random_values())
+        if self.steady_state:
+            return self._steady(trial_id, encoding, rng)
+        wanted = self.population_size if self.generation == 0 else self.brood_size
+        if len(self.members) >= wanted:
+            if any(self.trials[t].status not in _FINISHED for t in self.members):
+                return {"status": kt.engine.trial.TrialStatus.IDLE, "values": None}
+            self._next_generation()
+        self.members.append(trial_id)
+        if self.generation == 0:
+            return self._running(self._unique(encoding, encoding.random(rng), rng))
+        return self._running(self._child(encoding, self._ranked(self.population), rng,
+                                         self.generation))
+
+    def _steady(self, trial_id, encoding, rng):
+        finished = [t for t in self.trials if t != trial_id and self._score(t) is not None]
+        if len(self.trials) <= self.population_size or len(finished) < 2:
+            return self._running(self._unique(encoding, encoding.random(rng), rng))
+        ranked = self._ranked(finished)[:self.population_size]
+        done = len(finished) - self.population_size
+        return self._running(self._child(encoding, ranked, rng,
+                                         1 + max(done, 0) / self.brood_size))
+
+    def _next_generation(self):
+        candidates = self._ranked(self.population)[:self.elite_size] + self._ranked(self.members)
+        self.population = [individual.key for individual in candidates]
+        self.generation += 1
+        self.members = []
+        scores = [self._score(t) for t in self.population]
+        logger.info("generation %d: %d parents, best score %s", self.generation,
+                    len(self.population), min(scores) if scores else None)
+
+    def _child(self, encoding, parents, rng, generation):
+        if len(parents) < 2:  # too many failures to breed: explore
+            return self._unique(encoding, encoding.random(rng), rng)
+        rate = self.mutation_rate
+        if rate is None:
+            rate = max(0.1, 1.0 / encoding.dimensions)
+        first, second = operators.binary_tournament(parents, 2, rng)
+        fitter, other = sorted((first, second), key=lambda i: i.fitness, reverse=True)
+        genes = operators.directed_crossover(fitter, other, rng, encoding.categorical)
+        genes = operators.nonuniform_mutation(genes, generation, self.planned_generations, rng,
+                                              rate, encoding.categorical)
+        return self._unique(encoding, genes, rng, generation, rate)
+
+    def _unique(self, encoding, genes, rng, generation=0, rate=1.0):
+        """The genes' values, mutated further (then random) until no trial has them."""
+        for attempt in range(20):
+            values = encoding.decode(genes)
+            if not self._duplicate(values):
+                return values
+            genes = operators.nonuniform_mutation(genes, generation if attempt < 10 else 0,
+                                                  self.planned_generations, rng, max(rate, 0.5),
+                                                  encoding.categorical)
+        return self._random_values()
+
+    def _ranked(self, trial_ids):
+        """Individuals for the finished, scored trials among `trial_ids`, best first."""
+        encoding = Encoding(self.hyperparameters)
+        individuals = []
+        for trial_id in trial_ids:
+            score = self._score(trial_id)
+            if score is None:
+                continue
+            values = self.trials[trial_id].hyperparameters.values
+            individuals.append(operators.Individual(encoding.encode(values), -score,
+                                                    key=trial_id))
+        return sorted(individuals, key=lambda i: i.fitness, reverse=True)
+
+    def _score(self, trial_id):
+        """The trial's score as a loss (smaller is better), None if it has none."""
+        trial = self.trials.get(trial_id)
+        if (trial is None or trial.status != kt.engine.trial.TrialStatus.COMPLETED
+                or trial.score is None or np.isnan(trial.score)):
+            return None
+        return trial.score if self.objective.direction == "min" else -trial.score
+
+    @staticmethod
+    def _running(values):
+        if values is None:
+            return {"status": kt.engine.trial.TrialStatus.STOPPED, "values": None}
+        return {"status": kt.engine.trial.TrialStatus.RUNNING, "values": values}
+
+    def get_state(self):
+        state = super().get_state()
+        state.update(population_size=self.population_size, elite_fraction=self.elite_fraction,
+                     mutation_rate=self.mutation_rate, steady_state=self.steady_state,
+                     generations=self.generations, generation=self.generation,
+                     population=list(self.population), members=list(self.members))
+        return state
+
+    def set_state(self, state):
+        super().set_state(state)
+        self.generation = state["generation"]
+        self.population = list(state["population"])
+        self.members = list(state["members"])

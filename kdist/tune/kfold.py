@@ -1,0 +1,172 @@
+"""A keras-tuner `Tuner` whose objective is the mean over K cross-validation folds."""
+
+import logging
+
+import keras_tuner as kt
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+
+def fold_indices(y, folds, stratified=None, shuffle=True, seed=0, rows=None):
+    """`[(train, validation), ...]` index arrays of a K-fold split (scikit-learn's).
+
+    Stratified (`StratifiedKFold`) when `stratified` is true, or when it is
+    None and `y` holds class labels (binary, multiclass, or one-hot rows):
+    every fold then keeps the class proportions.
+
+    >>> [v.tolist() for _, v in fold_indices(np.array([0, 0, 1, 1]), 2, shuffle=False)]
+    [[0, 2], [1, 3]]
+    """
+    from sklearn.model_selection import KFold, StratifiedKFold
+    from sklearn.utils.multiclass import type_of_target
+
+    if int(folds) != folds or folds < 2:
+        raise ValueError(f"folds must be an integer >= 2; got {folds}.")
+    labels = None
+    if y is not None and not isinstance(y, (dict, list, tuple)):
+        y = np.asarray(y)
+        kind = type_of_target(y)
+        if kind in ("binary", "multiclass"):
+            labels = y.reshape(len(y), -1)[:, 0] if y.ndim > 1 else y
+        elif kind == "multilabel-indicator" and np.all(y.sum(axis=1) == 1):
+            labels = y.argmax(axis=1)
+    if stratified and labels is None:
+        raise ValueError("stratified=True needs class labels in y (integers, strings or "
+                         "one-hot rows).")
+    count = rows if rows is not None else len(y)
+    if count < folds:
+        raise ValueError(f"{folds} folds need at least {folds} rows; got {count}.")
+    seed = seed if shuffle else None
+    if labels is not None and stratified is not False:
+        splitter = StratifiedKFold(folds, shuffle=shuffle, random_state=seed)
+        return list(splitter.split(np.zeros(count), labels))
+    return list(KFold(folds, shuffle=shuffle, random_state=seed).split(np.zeros(count)))
+
+
+def _rows(data):
+    if isinstance(data, dict):
+        return _rows(next(iter(data.values())))
+    if isinstance(data, (list, tuple)):
+        return _rows(data[0])
+    return len(data)
+
+
+def _take(data, index):
+    if data is None:
+        return None
+    if isinstance(data, dict):
+        return {k: _take(v, index) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return type(data)(_take(v, index) for v in data)
+    return np.asarray(data)[index]
+
+
+class KFoldTuner(kt.Tuner):
+    """Scores each trial by K-fold cross-validation.
+
+    For every trial the training set is split in `folds` folds (stratified
+    for classification); a fresh model is built and trained on all folds but
+    one, and evaluated on that one. The trial's metrics are the mean over
+    folds of every evaluated metric, as `val_<metric>`, plus
+    `val_<metric>_std` (the model's instability across folds) and
+    `val_<metric>_fold_<k>` for each fold. Any oracle works: kdist's
+    `GeneticOracle` and `BayesianOracle`, or keras-tuner's.
+
+    The weights of the best fold's model are saved with the trial, so
+    `get_best_models()` works; retrain the best hyper-parameters on all the
+    data for a final model.
+
+    Args:
+        hypermodel: a function of `hp` returning a compiled model, or a
+            `keras_tuner.HyperModel` (its `fit` is used when it has one).
+        oracle: any `keras_tuner.Oracle`.
+        folds: K, at least 2.
+        stratified: None to decide from the labels, or True / False.
+        shuffle, split_seed: how rows are dealt to folds; the split is the
+            same for every trial, so trials are compared on the same folds.
+        **kwargs: `directory`, `project_name`, `overwrite`, ... as for any tuner.
+
+    Example:
+
+    >>> import keras, keras_tuner as kt, kdist.tune
+    >>> def build(hp):
+    ...     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(
+    ...         hp.Int("units", 4, 16, step=4), activation="relu"), keras.layers.Dense(1)])
+    ...     model.compile("adam", "mse")
+    ...     return model
+    >>> oracle = kdist.tune.GeneticOracle(objective="val_loss", max_trials=4,
+    ...                                   population_size=2, seed=0)
+    >>> tuner = kdist.tune.KFoldTuner(build, oracle=oracle, folds=3, directory=workdir,
+    ...                               project_name="doc")
+    >>> x = np.random.default_rng(0).normal(size=(60, 4)); y = x.sum(axis=1)
+    >>> tuner.search(x, y, epochs=1, verbose=0)
+    >>> sorted(tuner.oracle.get_best_trials(1)[0].metrics.metrics)[:3]
+    ['val_loss', 'val_loss_fold_0', 'val_loss_fold_1']
+    """
+
+    def __init__(self, hypermodel=None, oracle=None, folds=5, stratified=None, shuffle=True,
+                 split_seed=0, **kwargs):
+        if oracle is None:
+            raise ValueError("KFoldTuner needs an oracle, e.g. "
+                             "kdist.tune.BayesianOracle(objective='val_loss', max_trials=30).")
+        if int(folds) != folds or folds < 2:
+            raise ValueError(f"folds must be an integer >= 2; got {folds}.")
+        super().__init__(hypermodel=hypermodel, oracle=oracle, **kwargs)
+        self.folds = int(folds)
+        self.stratified = stratified
+        self.shuffle = bool(shuffle)
+        self.split_seed = int(split_seed)
+
+    def run_trial(self, trial, x, y=None, *fit_args, sample_weight=None, **fit_kwargs):
+        for unsupported in ("validation_data", "validation_split"):
+            if fit_kwargs.get(unsupported):
+                raise ValueError(f"KFoldTuner makes its own validation folds; do not pass "
+                                 f"{unsupported} to search().")
+            fit_kwargs.pop(unsupported, None)
+        if fit_args:
+            raise TypeError("KFoldTuner.search takes x, y and keyword arguments only.")
+        if hasattr(x, "element_spec"):
+            raise TypeError("KFoldTuner splits arrays in memory; pass numpy arrays (or dicts "
+                            "or lists of them), not a tf.data.Dataset.")
+        splits = fold_indices(y, self.folds, self.stratified, self.shuffle, self.split_seed,
+                              rows=_rows(x))
+        per_fold = [self._run_fold(trial, x, y, sample_weight, train, held_out, fit_kwargs)
+                    for train, held_out in splits]
+        return self._summarise(trial, per_fold)
+
+    def _run_fold(self, trial, x, y, sample_weight, train, held_out, fit_kwargs):
+        hp = trial.hyperparameters
+        model = self._try_build(hp)
+        kwargs = dict(fit_kwargs)
+        kwargs["callbacks"] = list(kwargs.get("callbacks") or [])
+        self.hypermodel.fit(hp, model, _take(x, train), _take(y, train),
+                            sample_weight=_take(sample_weight, train), **kwargs)
+        scores = model.evaluate(_take(x, held_out), _take(y, held_out),
+                                sample_weight=_take(sample_weight, held_out),
+                                verbose=0, return_dict=True)
+        return model, {f"val_{name}": float(value) for name, value in scores.items()}
+
+    def _summarise(self, trial, per_fold):
+        names = per_fold[0][1].keys()
+        metrics = {}
+        for name in names:
+            values = np.array([scores[name] for _, scores in per_fold])
+            metrics[name] = float(values.mean())
+            metrics[f"{name}_std"] = float(values.std())
+            for k, value in enumerate(values):
+                metrics[f"{name}_fold_{k}"] = float(value)
+        # The best fold's model stands for the trial in get_best_models().
+        objective = self.oracle.objective
+        if isinstance(objective, kt.Objective) and objective.name in names:
+            values = [scores[objective.name] for _, scores in per_fold]
+            best = int(np.argmin(values) if objective.direction == "min" else np.argmax(values))
+        else:
+            best = 0
+        self.save_model(trial.trial_id, per_fold[best][0])
+        logger.info("trial %s: %s", trial.trial_id, ", ".join(
+            f"{n} {metrics[n]:.4g} ± {metrics[n + '_std']:.2g}" for n in names))
+        return metrics
+
+    def save_model(self, trial_id, model, step=0):
+        model.save_weights(self._get_checkpoint_fname(trial_id))

@@ -1,0 +1,86 @@
+"""keras-tuner search spaces as points of the unit cube, and back.
+
+Oracles that reason about distances (a Gaussian process, a genetic
+algorithm) need numbers. Each hyper-parameter maps to [0, 1] through its own
+`value_to_prob` / `prob_to_value` (so log scales and integer steps are the
+hyper-parameter's business), except unordered choices: the Gaussian process
+sees them one-hot (`Encoding(one_hot=True)`), since an index would invent an
+order. Fixed hyper-parameters take no dimension. Conditional hyper-parameters
+keep their dimension; inactive ones are dropped when decoding, the way
+keras-tuner expects only active values in a trial.
+"""
+
+import numpy as np
+from keras_tuner.engine import hyperparameters as hp_module
+
+
+def _is_categorical(hp):
+    return isinstance(hp, hp_module.Choice) and not hp.ordered
+
+
+class Encoding:
+    """Maps trial values to vectors and vectors to trial values.
+
+    Args:
+        hyperparameters: the oracle's `HyperParameters` (its `space`).
+        one_hot: encode unordered choices one-hot (one dimension per value);
+            otherwise each takes one dimension holding its index as a probability.
+    """
+
+    def __init__(self, hyperparameters, one_hot=False):
+        self.hyperparameters = hyperparameters
+        self.space = [hp for hp in hyperparameters.space
+                      if not isinstance(hp, hp_module.Fixed)]
+        self.one_hot = one_hot
+        self.slices, start = [], 0
+        for hp in self.space:
+            width = len(hp.values) if one_hot and _is_categorical(hp) else 1
+            self.slices.append(slice(start, start + width))
+            start += width
+        self.dimensions = start
+        self.categorical = np.zeros(start, dtype=bool)
+        for hp, where in zip(self.space, self.slices):
+            self.categorical[where] = _is_categorical(hp)
+
+    def encode(self, values):
+        """The vector of a dict of values; missing or inactive ones take their default."""
+        vector = np.empty(self.dimensions)
+        for hp, where in zip(self.space, self.slices):
+            value = values.get(hp.name, hp.default)
+            if value is None:
+                value = hp.default if hp.default is not None else hp.prob_to_value(0.5)
+            if self.one_hot and _is_categorical(hp):
+                vector[where] = 0.0
+                vector[where.start + hp.values.index(value)] = 1.0
+            else:
+                vector[where] = hp.value_to_prob(value)
+        return vector
+
+    def decode(self, vector):
+        """The active values of a vector, as keras-tuner wants them in a trial."""
+        hps = hp_module.HyperParameters()
+        for hp, where in zip(self.space, self.slices):
+            hps.merge([hp])
+            if not hps.is_active(hp):
+                continue
+            if self.one_hot and _is_categorical(hp):
+                value = hp.values[int(np.argmax(vector[where]))]
+            else:
+                value = hp.prob_to_value(float(np.clip(vector[where.start], 0.0, 1.0)))
+            hps.values[hp.name] = value
+        for hp in self.hyperparameters.space:
+            if isinstance(hp, hp_module.Fixed):
+                hps.merge([hp])
+                if hps.is_active(hp):
+                    hps.values[hp.name] = hp.value
+        return hps.values
+
+    def snap(self, vector):
+        """The vector of the values a vector decodes to (integers rounded, one-hot made exact)."""
+        return self.encode(self.decode(vector))
+
+    def random(self, rng, count=None):
+        """Uniform points of the cube, as valid encodings."""
+        points = rng.uniform(size=(count or 1, self.dimensions))
+        points = np.array([self.snap(p) for p in points])
+        return points if count else points[0]

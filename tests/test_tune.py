@@ -1,0 +1,320 @@
+"""Hyper-parameter search: the oracles' contract, the GA operators, K-fold arithmetic."""
+
+import contextlib
+import io
+
+import keras
+import keras_tuner as kt
+import numpy as np
+import pytest
+
+import kdist.tune
+from kdist.tune import operators
+from kdist.tune.space import Encoding
+
+
+class FunctionTuner(kt.Tuner):
+    """Scores a trial by a function of its values: no model is built."""
+
+    def run_trial(self, trial, function, **kwargs):
+        self.seen.append(dict(trial.hyperparameters.values))
+        return function(trial.hyperparameters.values)
+
+
+def _space():
+    hp = kt.HyperParameters()
+    hp.Float("lr", 1e-4, 1e-1, sampling="log")
+    hp.Int("units", 8, 128, step=8)
+    hp.Choice("activation", ["relu", "tanh", "gelu"])
+    hp.Boolean("batch_norm")
+    hp.Fixed("epochs", 3)
+    with hp.conditional_scope("activation", ["relu"]):
+        hp.Int("relu_extra", 1, 3)
+    return hp
+
+
+def _loss(values):
+    """Smallest near lr=1e-2, units=64, tanh, no batch norm."""
+    return (np.log10(values["lr"]) + 2) ** 2 + ((values["units"] - 64) / 64) ** 2 + (
+        0.0 if values["activation"] == "tanh" else 0.5) + 0.3 * values["batch_norm"]
+
+
+def _search(oracle, directory, function=_loss, name="p"):
+    tuner = FunctionTuner(oracle=oracle, directory=str(directory), project_name=name)
+    tuner.seen = []
+    with contextlib.redirect_stdout(io.StringIO()):
+        tuner.search(function)
+    return tuner
+
+
+ORACLES = {
+    "genetic": lambda seed, trials=20: kdist.tune.GeneticOracle(
+        objective=kt.Objective("loss", "min"), max_trials=trials, population_size=6, seed=seed,
+        hyperparameters=_space()),
+    "bayesian": lambda seed, trials=20: kdist.tune.BayesianOracle(
+        objective=kt.Objective("loss", "min"), max_trials=trials, seed=seed,
+        hyperparameters=_space(), candidates=300),
+}
+
+
+# The space encoding -----------------------------------------------------------------------
+
+def test_encoding_round_trips_every_kind_and_drops_inactive_values():
+    for one_hot in (False, True):
+        encoding = Encoding(_space(), one_hot=one_hot)
+        assert encoding.dimensions == (7 if one_hot else 5)  # Fixed takes none
+        values = {"lr": 1e-3, "units": 40, "activation": "tanh", "batch_norm": True}
+        decoded = encoding.decode(encoding.encode(values))
+        assert decoded["units"] == 40 and decoded["activation"] == "tanh"
+        assert decoded["batch_norm"] is True and decoded["epochs"] == 3
+        assert decoded["lr"] == pytest.approx(1e-3)
+        assert "relu_extra" not in decoded  # its condition is off
+        decoded = encoding.decode(encoding.encode(dict(values, activation="relu")))
+        assert decoded["relu_extra"] in (1, 2, 3)
+    # A log scale puts 1e-3 a third of the way from 1e-4 to 1e-1.
+    assert Encoding(_space()).encode({"lr": 1e-3})[0] == pytest.approx(1 / 3)
+
+
+# Genetic operators -------------------------------------------------------------------------
+
+def test_directed_crossover_follows_the_formula_and_stays_in_bounds():
+    fitter, other = np.array([0.6, 0.2, 0.9]), np.array([0.4, 0.5, 0.1])
+    for seed in range(20):
+        r = np.random.default_rng(seed).uniform()
+        child = operators.directed_crossover(fitter, other, np.random.default_rng(seed))
+        np.testing.assert_allclose(child, np.clip(r * (fitter - other) + fitter, 0, 1))
+        assert np.all((child >= 0) & (child <= 1))
+    categorical = np.array([False, True, False])
+    children = [operators.directed_crossover(fitter, other, np.random.default_rng(s),
+                                             categorical)[1] for s in range(40)]
+    assert set(children) == {0.2, 0.5}
+
+
+def test_nonuniform_mutation_stays_in_bounds_and_shrinks_over_generations():
+    genes = np.full(200, 0.5)
+    spread = []
+    for generation in (0, 5, 9, 10):
+        mutated = operators.nonuniform_mutation(genes, generation, 10,
+                                                np.random.default_rng(generation), rate=1.0)
+        assert np.all((mutated >= 0) & (mutated <= 1))
+        spread.append(np.mean(np.abs(mutated - 0.5)))
+    assert spread[0] > spread[1] > spread[2] > spread[3] == 0.0
+    # At generation 0 a step reaches anywhere up to the bound it heads for.
+    assert spread[0] == pytest.approx(0.25, abs=0.05)
+    untouched = operators.nonuniform_mutation(genes, 0, 10, np.random.default_rng(0), rate=0.0)
+    np.testing.assert_array_equal(untouched, genes)
+
+
+def test_elite_and_tournament_use_fitness():
+    individuals = [operators.Individual([i / 10], fitness=i, key=str(i)) for i in range(10)]
+    assert [i.key for i in operators.select_elite(individuals, 0.2)] == ["9", "8"]
+    winners = operators.binary_tournament(individuals, 200, np.random.default_rng(0))
+    mean = np.mean([w.fitness.values[0] for w in winners])
+    assert mean > 5.5  # a tournament of two favours the fitter: expected 6.15
+    again = operators.binary_tournament(individuals, 200, np.random.default_rng(0))
+    assert [w.key for w in again] == [w.key for w in winners]
+
+
+# The oracle contract -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("kind", sorted(ORACLES))
+def test_oracle_runs_every_trial_and_is_reproducible(kind, tmp_path):
+    first = _search(ORACLES[kind](seed=3), tmp_path / "a")
+    trials = first.oracle.trials
+    assert len(trials) == 20
+    assert all(t.status == "COMPLETED" for t in trials.values())
+    hashes = {first.oracle._compute_values_hash(v) for v in first.seen}
+    assert len(hashes) == 20  # never the same values twice
+    again = _search(ORACLES[kind](seed=3), tmp_path / "b")
+    assert again.seen == first.seen
+    other = _search(ORACLES[kind](seed=4), tmp_path / "c")
+    assert other.seen != first.seen
+    for values in first.seen:
+        assert 1e-4 <= values["lr"] <= 1e-1 and values["units"] % 8 == 0
+        assert ("relu_extra" in values) == (values["activation"] == "relu")
+
+
+@pytest.mark.parametrize("kind", sorted(ORACLES))
+def test_oracle_beats_its_own_random_start(kind, tmp_path):
+    tuner = _search(ORACLES[kind](seed=0, trials=30), tmp_path)
+    scores = [_loss(v) for v in tuner.seen]
+    assert min(scores[15:]) < min(scores[:6])
+
+
+@pytest.mark.parametrize("kind", sorted(ORACLES))
+def test_oracle_state_saves_and_reloads_and_a_rerun_keeps_finished_trials(kind, tmp_path):
+    calls = []
+
+    def failing_after_eight(values):
+        calls.append(values)
+        if len(calls) > 8:
+            raise KeyboardInterrupt  # the job is killed mid-search
+        return _loss(values)
+
+    with pytest.raises(KeyboardInterrupt):
+        _search(ORACLES[kind](seed=1), tmp_path, failing_after_eight, name="resume")
+    resumed = _search(ORACLES[kind](seed=1), tmp_path, _loss, name="resume")
+    trials = resumed.oracle.trials
+    assert len(trials) == 20
+    assert all(t.status == "COMPLETED" for t in trials.values())
+    # The eight finished trials were kept; the interrupted one ran again.
+    assert len(resumed.seen) == 12
+    if kind == "genetic":
+        assert resumed.oracle.generation >= 1
+
+
+def test_genetic_generations_wait_and_steady_state_does_not():
+    oracle = kdist.tune.GeneticOracle(objective=kt.Objective("loss", "min"), max_trials=30,
+                                      population_size=4, seed=0, hyperparameters=_space())
+    assert oracle.planned_generations == 1 + int(np.ceil(26 / 3))
+    with pytest.raises(ValueError, match="population_size"):
+        kdist.tune.GeneticOracle(population_size=1)
+    with pytest.raises(ValueError, match="elite_fraction"):
+        kdist.tune.GeneticOracle(elite_fraction=1.0)
+    with pytest.raises(ValueError, match="num_initial_points"):
+        kdist.tune.BayesianOracle(num_initial_points=0)
+
+
+@pytest.mark.parametrize("steady", [False, True])
+def test_genetic_oracle_with_concurrent_requests(steady, tmp_path):
+    oracle = kdist.tune.GeneticOracle(objective=kt.Objective("loss", "min"), max_trials=12,
+                                      population_size=4, seed=0, steady_state=steady,
+                                      hyperparameters=_space())
+    oracle._set_project_dir(str(tmp_path), "concurrent")
+    # Generation 0: four trials at once, then the fifth request must wait (generational).
+    trials = [oracle.create_trial(f"group{i}") for i in range(4)]
+    assert all(t.status == "RUNNING" for t in trials)
+    waiting = oracle.create_trial("group4")
+    assert waiting.status == ("RUNNING" if steady else "IDLE")
+    for trial in trials[:3]:
+        oracle.update_trial(trial.trial_id, {"loss": _loss(trial.hyperparameters.values)})
+        trial.status = "COMPLETED"
+        oracle.end_trial(trial)
+    assert oracle.create_trial("group5").status == ("RUNNING" if steady else "IDLE")
+    oracle.update_trial(trials[3].trial_id, {"loss": _loss(trials[3].hyperparameters.values)})
+    trials[3].status = "COMPLETED"
+    oracle.end_trial(trials[3])
+    assert oracle.create_trial("group6").status == "RUNNING"
+
+
+def test_bayesian_concurrent_proposals_differ_from_pending_trials(tmp_path):
+    oracle = ORACLES["bayesian"](seed=0)
+    oracle._set_project_dir(str(tmp_path), "pending")
+    for i in range(8):  # finish the initial design
+        trial = oracle.create_trial("solo")
+        oracle.update_trial(trial.trial_id, {"loss": _loss(trial.hyperparameters.values)})
+        trial.status = "COMPLETED"
+        oracle.end_trial(trial)
+    first = oracle.create_trial("group0")
+    second = oracle.create_trial("group1")
+    assert first.status == second.status == "RUNNING"
+    assert first.hyperparameters.values != second.hyperparameters.values
+
+
+def test_expected_improvement():
+    ei = kdist.tune.expected_improvement
+    assert ei(np.array([0.0]), np.array([1.0]), 0.0)[0] == pytest.approx(0.398942, abs=1e-6)
+    # Far better mean: EI is the improvement itself; far worse: nothing.
+    assert ei(np.array([-5.0]), np.array([0.01]), 0.0)[0] == pytest.approx(5.0)
+    assert ei(np.array([5.0]), np.array([0.01]), 0.0)[0] == pytest.approx(0.0)
+
+
+def test_oracles_inside_a_stock_keras_tuner_tuner(tmp_path):
+    def build(hp):
+        model = keras.Sequential([keras.Input((4,)),
+                                  keras.layers.Dense(hp.Int("units", 2, 8, step=2)),
+                                  keras.layers.Dense(1)])
+        model.compile(keras.optimizers.SGD(hp.Float("lr", 1e-3, 1e-1, sampling="log")), "mse")
+        return model
+
+    x = np.random.default_rng(0).normal(size=(64, 4)).astype("float32")
+    y = x.sum(axis=1, keepdims=True)
+    for oracle in (kdist.tune.GeneticOracle(objective="val_loss", max_trials=3,
+                                            population_size=2, seed=0),
+                   kdist.tune.BayesianOracle(objective="val_loss", max_trials=3, seed=0)):
+        tuner = kt.RandomSearch(build, max_trials=3, directory=str(tmp_path),
+                                project_name=type(oracle).__name__, objective="val_loss")
+        tuner.oracle = oracle
+        oracle._set_project_dir(str(tmp_path), type(oracle).__name__)
+        with contextlib.redirect_stdout(io.StringIO()):
+            tuner.search(x, y, epochs=1, validation_split=0.25, verbose=0)
+        assert len(oracle.trials) == 3
+        assert tuner.get_best_models(1)[0].count_params() > 0
+
+
+# K-fold -------------------------------------------------------------------------------------
+
+def test_fold_indices_partition_the_rows_and_keep_class_proportions():
+    y = np.array([0] * 30 + [1] * 10)
+    splits = kdist.tune.fold_indices(y, 5, seed=0)
+    held = np.concatenate([v for _, v in splits])
+    assert sorted(held.tolist()) == list(range(40))
+    for train, held_out in splits:
+        assert len(held_out) == 8 and not set(train) & set(held_out)
+        assert np.mean(y[held_out]) == pytest.approx(0.25)
+    regression = kdist.tune.fold_indices(np.linspace(0, 1, 10), 3, seed=0)
+    assert sorted(len(v) for _, v in regression) == [3, 3, 4]
+    with pytest.raises(ValueError, match="folds"):
+        kdist.tune.fold_indices(y, 1)
+    with pytest.raises(ValueError, match="class labels"):
+        kdist.tune.fold_indices(np.linspace(0, 1, 10), 2, stratified=True)
+
+
+def test_kfold_tuner_reports_the_mean_and_spread_over_folds(tmp_path):
+    built = []
+
+    class Recording(kt.HyperModel):
+        def build(self, hp):
+            model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+            model.compile(keras.optimizers.SGD(hp.Float("lr", 1e-3, 1e-1, sampling="log")),
+                          "mse", metrics=["mae"])
+            built.append(model)
+            return model
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(90, 3)).astype("float32")
+    y = (x @ np.array([1.0, -2.0, 0.5]) + 0.1 * rng.normal(size=90)).astype("float32")
+    tuner = kdist.tune.KFoldTuner(Recording(), oracle=kdist.tune.BayesianOracle(
+        objective="val_loss", max_trials=2, seed=0), folds=3, directory=str(tmp_path),
+        project_name="kfold")
+    with contextlib.redirect_stdout(io.StringIO()):
+        tuner.search(x, y, epochs=2, verbose=0)
+    # keras-tuner builds once to learn the space, then a fresh model per fold and trial.
+    assert len(built) == 1 + 2 * 3
+    trial = tuner.oracle.get_best_trials(1)[0]
+    metrics = {name: trial.metrics.get_last_value(name) for name in trial.metrics.metrics}
+    folds = [metrics[f"val_loss_fold_{k}"] for k in range(3)]
+    assert metrics["val_loss"] == pytest.approx(np.mean(folds), rel=1e-6)
+    assert metrics["val_loss_std"] == pytest.approx(np.std(folds), rel=1e-6)
+    assert trial.score == pytest.approx(metrics["val_loss"], rel=1e-6)
+    assert "val_mae" in metrics and "val_mae_std" in metrics
+    # The saved model is the best fold's: it scores that fold's loss on that fold's rows.
+    best = tuner.get_best_models(1)[0]
+    _, held_out = kdist.tune.fold_indices(y, 3, seed=0)[int(np.argmin(folds))]
+    assert best.evaluate(x[held_out], y[held_out], verbose=0)[0] == pytest.approx(
+        min(folds), rel=1e-5)
+    with pytest.raises(ValueError, match="folds"):
+        kdist.tune.KFoldTuner(Recording(), oracle=kdist.tune.BayesianOracle(), folds=1)
+
+
+def test_kfold_tuner_refuses_validation_data(tmp_path):
+    tuner = kdist.tune.KFoldTuner(
+        lambda hp: keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)]),
+        oracle=kdist.tune.GeneticOracle(objective="val_loss", max_trials=1, population_size=2,
+                                        max_consecutive_failed_trials=1),
+        folds=2, directory=str(tmp_path), project_name="bad")
+    with pytest.raises(RuntimeError), contextlib.redirect_stdout(io.StringIO()):
+        tuner.search(np.zeros((8, 2)), np.zeros(8), validation_data=(np.zeros((2, 2)),
+                                                                     np.zeros(2)))
+    assert "validation_data" in tuner.oracle.trials["0"].message
+
+
+def test_module_doctests(tmp_path):
+    import doctest
+
+    from kdist.tune import bayesian, genetic, kfold
+
+    for module in (bayesian, genetic, kfold, operators):
+        result = doctest.testmod(module, extraglobs={"np": np, "workdir": str(tmp_path)},
+                                 optionflags=doctest.ELLIPSIS)
+        assert result.failed == 0, module.__name__
