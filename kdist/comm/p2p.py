@@ -155,3 +155,21 @@ def send_object(comm, peer, obj, tag):
 
 def recv_object(comm, peer, tag):
     return _raw(comm).recv(source=peer, tag=tag)
+
+
+def poll_object(comm, tag, poll_seconds=0.05):
+    """`(source, obj)` of the next object sent to this rank with `tag`, from anyone.
+
+    Polls with `Iprobe` and sleeps in between, so a rank that mostly waits
+    (a search's master) leaves the cores to the ranks that compute; a
+    blocking receive would spin on one.
+    """
+    import time
+
+    raw = _raw(comm)
+    mpi = _mpi()
+    status = mpi.Status()
+    while not raw.Iprobe(source=mpi.ANY_SOURCE, tag=tag, status=status):
+        time.sleep(poll_seconds)
+    source = status.Get_source()
+    return source, raw.recv(source=source, tag=tag)

@@ -127,9 +127,10 @@ class GeneticOracle(kt.Oracle):
         self.population = [individual.key for individual in candidates]
         self.generation += 1
         self.members = []
-        scores = [self._score(t) for t in self.population]
+        scores = [self.trials[t].score for t in self.population]
+        best = (min if self.objective.direction == "min" else max)(scores) if scores else None
         logger.info("generation %d: %d parents, best score %s", self.generation,
-                    len(self.population), min(scores) if scores else None)
+                    len(self.population), best)
 
     def _child(self, encoding, parents, rng, generation):
         if len(parents) < 2:  # too many failures to breed: explore

@@ -5,6 +5,9 @@ import logging
 import keras_tuner as kt
 import numpy as np
 
+from kdist.comm import processes
+from kdist.tune import distributed
+
 logger = logging.getLogger(__name__)
 
 
@@ -131,13 +134,52 @@ class KFoldTuner(kt.Tuner):
                             "or lists of them), not a tf.data.Dataset.")
         splits = fold_indices(y, self.folds, self.stratified, self.shuffle, self.split_seed,
                               rows=_rows(x))
-        per_fold = [self._run_fold(trial, x, y, sample_weight, train, held_out, fit_kwargs)
+        roles = distributed.current_roles()
+        if roles is None:
+            runs = [self._run_fold(trial, x, y, sample_weight, train, held_out, fit_kwargs)
                     for train, held_out in splits]
-        return self._summarise(trial, per_fold)
+            metrics, best = self._summarise(trial, [scores for _, scores in runs])
+            self.save_model(trial.trial_id, runs[best][0])
+            return metrics
+        return self._run_shared(trial, x, y, sample_weight, splits, fit_kwargs, roles)
 
-    def _run_fold(self, trial, x, y, sample_weight, train, held_out, fit_kwargs):
+    def _run_shared(self, trial, x, y, sample_weight, splits, fit_kwargs, roles):
+        """This rank's folds of a distributed search; the group shares the scores."""
+        mine = [k for k in range(len(splits)) if k % roles.folds_per_group == roles.fold_team]
+        models, scores, error = {}, {}, None
+        try:
+            for k in mine:
+                models[k], scores[k] = self._run_fold(trial, x, y, sample_weight, *splits[k],
+                                                      fit_kwargs, roles)
+        except Exception as caught:  # every rank must reach the gather below
+            error = f"{type(caught).__name__}: {caught}"
+        shared = roles.group_comm.allgather_object(
+            (scores if roles.worker == 0 else {}, error))
+        failed = [(rank, message) for rank, (_, message) in enumerate(shared) if message]
+        if failed:
+            raise RuntimeError(f"Trial {trial.trial_id}: fold training failed on rank "
+                               f"{failed[0][0]} of group {roles.group}: {failed[0][1]}")
+        everything = {}
+        for part, _ in shared:
+            everything.update(part)
+        metrics, best = self._summarise(trial, [everything[k] for k in range(len(splits))])
+        if best in models and roles.worker == 0:
+            self.save_model(trial.trial_id, models[best])
+        return metrics
+
+    def _run_fold(self, trial, x, y, sample_weight, train, held_out, fit_kwargs, roles=None):
         hp = trial.hyperparameters
         model = self._try_build(hp)
+        if roles is not None and roles.workers_per_fold > 1:
+            # The fold team trains one model data-parallel: same start, averaged
+            # gradients, equal shares of the fold's rows.
+            from kdist.comm import collectives
+            from kdist.optimizers import AllreduceOptimizer
+
+            collectives.broadcast_variables(model.weights, 0, comm=roles.team_comm)
+            model.optimizer = AllreduceOptimizer(model.optimizer, comm=roles.team_comm)
+            share = len(train) // roles.workers_per_fold
+            train = train[roles.worker::roles.workers_per_fold][:share]
         kwargs = dict(fit_kwargs)
         kwargs["callbacks"] = list(kwargs.get("callbacks") or [])
         self.hypermodel.fit(hp, model, _take(x, train), _take(y, train),
@@ -148,25 +190,37 @@ class KFoldTuner(kt.Tuner):
         return model, {f"val_{name}": float(value) for name, value in scores.items()}
 
     def _summarise(self, trial, per_fold):
-        names = per_fold[0][1].keys()
+        """The trial's metrics, and which fold's model is the best."""
+        names = per_fold[0].keys()
         metrics = {}
         for name in names:
-            values = np.array([scores[name] for _, scores in per_fold])
+            values = np.array([scores[name] for scores in per_fold])
             metrics[name] = float(values.mean())
             metrics[f"{name}_std"] = float(values.std())
             for k, value in enumerate(values):
                 metrics[f"{name}_fold_{k}"] = float(value)
-        # The best fold's model stands for the trial in get_best_models().
         objective = self.oracle.objective
+        best = 0
         if isinstance(objective, kt.Objective) and objective.name in names:
-            values = [scores[objective.name] for _, scores in per_fold]
+            values = [scores[objective.name] for scores in per_fold]
             best = int(np.argmin(values) if objective.direction == "min" else np.argmax(values))
-        else:
-            best = 0
-        self.save_model(trial.trial_id, per_fold[best][0])
         logger.info("trial %s: %s", trial.trial_id, ", ".join(
             f"{n} {metrics[n]:.4g} ± {metrics[n + '_std']:.2g}" for n in names))
-        return metrics
+        return metrics, best
+
+    def search(self, *fit_args, folds_per_group=1, workers_per_fold=1, **fit_kwargs):
+        """Searches; under MPI with more than one rank, as `kdist.tune.search` does.
+
+        `folds_per_group` fold teams share each trial's folds, each of
+        `workers_per_fold` data-parallel ranks: with N ranks there are
+        `(N - 1) / (folds_per_group * workers_per_fold)` groups.
+        """
+        if distributed.current_roles() is None:
+            processes.init()
+            if processes.size() > 1:
+                return distributed.search(self, *fit_args, folds_per_group=folds_per_group,
+                                          workers_per_fold=workers_per_fold, **fit_kwargs)
+        return super().search(*fit_args, **fit_kwargs)
 
     def save_model(self, trial_id, model, step=0):
         model.save_weights(self._get_checkpoint_fname(trial_id))

@@ -1,0 +1,85 @@
+"""Distributed search under mpiexec: one oracle on rank 0, groups of ranks evaluating trials."""
+
+import json
+import os
+
+import pytest
+
+pytestmark = pytest.mark.mpi
+pytest.importorskip("keras_tuner")
+
+
+def _trials(directory):
+    found = {}
+    project = os.path.join(directory, "search")
+    for name in os.listdir(project):
+        path = os.path.join(project, name, "trial.json")
+        if name.startswith("trial_") and os.path.exists(path):
+            with open(path) as f:
+                state = json.load(f)
+            found[state["trial_id"]] = state
+    return found
+
+
+def test_five_ranks_in_two_groups_of_two_fold_teams_account_for_every_trial(mpirun, tmp_path):
+    job = mpirun("tune_search.py", n=5, timeout=400,
+                 args=[tmp_path, "--folds-per-group", 2, "--trials", 8])
+    reports = [job.rank(r) for r in range(5)]
+    for report in reports:
+        assert report["statuses"] == {str(i): "COMPLETED" for i in range(8)}
+        assert report["best"] == reports[0]["best"]
+    # Each trial's 4 folds were built by the 2 fold teams of one group (2 each),
+    # after every rank built one model to learn the search space.
+    builds = [report["built"] - 1 for report in reports[1:]]
+    assert sum(builds) == 8 * 4
+    assert builds[0] == builds[1] and builds[2] == builds[3]
+    assert builds[0] > 0 and builds[2] > 0  # both groups worked
+    assert "search done" in job.output and "8 completed" in job.output
+    on_disk = _trials(str(tmp_path))
+    assert sorted(on_disk) == [str(i) for i in range(8)]
+    for state in on_disk.values():
+        metrics = state["metrics"]["metrics"]
+        assert {"val_accuracy", "val_accuracy_std", "val_accuracy_fold_3"} <= set(metrics)
+
+
+def test_a_trial_that_fails_on_one_rank_is_recorded_and_the_search_goes_on(mpirun, tmp_path):
+    job = mpirun("tune_search.py", n=3, timeout=400,
+                 args=[tmp_path, "--folds-per-group", 2, "--trials", 6, "--fail-trial", 2])
+    statuses = job.rank(0)["statuses"]
+    assert statuses.pop("2") == "FAILED"
+    assert statuses == {str(i): "COMPLETED" for i in (0, 1, 3, 4, 5)}
+    assert "failed on rank 1 of group 0" in job.output
+    assert "this trial's model cannot be built here" in job.output
+
+
+def test_a_killed_search_resumes_with_its_finished_trials_kept(mpirun, tmp_path):
+    first = mpirun("tune_search.py", n=3, timeout=400, check=False,
+                   args=[tmp_path, "--trials", 8, "--die-after", 3])
+    assert first.returncode != 0
+    finished = {tid: state for tid, state in _trials(str(tmp_path)).items()
+                if state["status"] == "COMPLETED"}
+    assert 3 <= len(finished) < 8
+    second = mpirun("tune_search.py", n=3, timeout=400, args=[tmp_path, "--trials", 8])
+    assert second.rank(0)["statuses"] == {str(i): "COMPLETED" for i in range(8)}
+    after = _trials(str(tmp_path))
+    for tid, state in finished.items():
+        assert after[tid]["hyperparameters"]["values"] == state["hyperparameters"]["values"]
+        assert after[tid]["score"] == state["score"]
+    assert "Reloading Tuner" in second.output
+
+
+def test_a_stock_tuner_trains_each_trial_data_parallel(mpirun, tmp_path):
+    job = mpirun("tune_search.py", n=3, timeout=400,
+                 args=[tmp_path, "--generic", "--workers-per-fold", 2, "--oracle", "bayesian",
+                       "--trials", 5])
+    for rank in range(3):
+        assert job.rank(rank)["statuses"] == {str(i): "COMPLETED" for i in range(5)}
+    assert job.rank(1)["built"] == job.rank(2)["built"] == 1 + 5
+
+
+def test_a_rank_count_that_does_not_divide_into_groups_is_refused(mpirun, tmp_path):
+    job = mpirun("tune_search.py", n=4, timeout=200, check=False,
+                 args=[tmp_path, "--folds-per-group", 2])
+    assert job.returncode != 0
+    assert "N = 1 + groups x 2 fold team(s) x 1 worker(s)" in job.output
+    assert "use N = 3, 5" in job.output
