@@ -11,6 +11,9 @@ from kdist.tune.space import Encoding
 
 logger = logging.getLogger(__name__)
 
+# In the unit cube: shorter would fit noise, longer would ignore an input.
+LENGTH_SCALE_BOUNDS = (5e-2, 2.0)
+
 
 def expected_improvement(mean, std, best, xi=0.0):
     """E[max(best - f - xi, 0)] for f ~ N(mean, std^2): improvement below `best`.
@@ -136,7 +139,7 @@ class BayesianOracle(kt.Oracle):
         from sklearn.gaussian_process.kernels import ConstantKernel, Matern, WhiteKernel
 
         kernel = (ConstantKernel(1.0, (1e-2, 1e2))
-                  * Matern(np.full(inputs.shape[1], 0.5), (5e-2, 2e1), nu=2.5)
+                  * Matern(np.full(inputs.shape[1], 0.5), LENGTH_SCALE_BOUNDS, nu=2.5)
                   + WhiteKernel(1e-4, (1e-8, 1e-1)))
         # Targets are standardised and shifted so that the prior mean is the
         # worst score seen: far from every trial the process then expects a bad

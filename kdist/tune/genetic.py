@@ -35,12 +35,13 @@ class GeneticOracle(kt.Oracle):
         objective, max_trials, hyperparameters, allow_new_entries,
         tune_new_entries, max_retries_per_trial, max_consecutive_failed_trials:
             as for any `keras_tuner.Oracle`.
-        population_size: individuals per generation (at least 2).
+        population_size: individuals per generation (at least 2); by default
+            `sqrt(max_trials / 8)` within [4, 16], so that the search lives
+            for many generations.
         generations: generations to anneal the mutation over; by default as
             many as `max_trials` allows.
         elite_fraction: share of the population kept as it is, in [0, 1).
-        mutation_rate: chance that a gene mutates (default `1 / genes`, at
-            least 0.1).
+        mutation_rate: chance that each gene mutates.
         steady_state: hand out children without waiting for generations.
         seed: makes a search reproducible.
 
@@ -53,8 +54,8 @@ class GeneticOracle(kt.Oracle):
     7
     """
 
-    def __init__(self, objective=None, max_trials=64, population_size=16, generations=None,
-                 elite_fraction=0.2, mutation_rate=None, steady_state=False, seed=None,
+    def __init__(self, objective=None, max_trials=64, population_size=None, generations=None,
+                 elite_fraction=0.2, mutation_rate=0.5, steady_state=False, seed=None,
                  hyperparameters=None, allow_new_entries=True, tune_new_entries=True,
                  max_retries_per_trial=0, max_consecutive_failed_trials=3):
         super().__init__(objective=objective, max_trials=max_trials,
@@ -62,17 +63,22 @@ class GeneticOracle(kt.Oracle):
                          tune_new_entries=tune_new_entries, seed=seed,
                          max_retries_per_trial=max_retries_per_trial,
                          max_consecutive_failed_trials=max_consecutive_failed_trials)
+        if population_size is None:
+            # Measured on 10-D Ackley at 200 trials: small populations that
+            # live many generations beat large ones; a 16-strong one barely
+            # beat random search.
+            population_size = int(np.clip(round(math.sqrt((max_trials or 64) / 8)), 4, 16))
         if int(population_size) != population_size or population_size < 2:
             raise ValueError(f"population_size must be an integer >= 2; got {population_size}.")
         if not 0.0 <= elite_fraction < 1.0:
             raise ValueError(f"elite_fraction must lie in [0, 1); got {elite_fraction}.")
-        if mutation_rate is not None and not 0.0 <= mutation_rate <= 1.0:
+        if not 0.0 <= mutation_rate <= 1.0:
             raise ValueError(f"mutation_rate must lie in [0, 1]; got {mutation_rate}.")
         if generations is not None and (int(generations) != generations or generations < 1):
             raise ValueError(f"generations must be an integer >= 1; got {generations}.")
         self.population_size = int(population_size)
         self.elite_fraction = float(elite_fraction)
-        self.mutation_rate = mutation_rate
+        self.mutation_rate = float(mutation_rate)
         self.steady_state = bool(steady_state)
         self.elite_size = (int(math.ceil(self.elite_fraction * self.population_size))
                            if self.elite_fraction > 0 else 0)
@@ -136,8 +142,6 @@ class GeneticOracle(kt.Oracle):
         if len(parents) < 2:  # too many failures to breed: explore
             return self._unique(encoding, encoding.random(rng), rng)
         rate = self.mutation_rate
-        if rate is None:
-            rate = max(0.1, 1.0 / encoding.dimensions)
         first, second = operators.binary_tournament(parents, 2, rng)
         fitter, other = sorted((first, second), key=lambda i: i.fitness, reverse=True)
         genes = operators.directed_crossover(fitter, other, rng, encoding.categorical)
