@@ -92,3 +92,16 @@ def test_sparsity_benchmark_compares_kdist_with_tfmot():
         100 * (run["kdist"]["dense"] - run["kdist"]["pruned@0.5"]))
     assert pruned["target_met"] == (pruned["kdist_drop_points"]
                                     <= pruned["tfmot_drop_points"] + 0.5)
+
+
+def test_hpo_groups_benchmark_times_one_and_two_groups(mpiexec_path):
+    pytest.importorskip("keras_tuner")
+    done = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "benchmarks", "hpo_groups.py"), "--trials", "2",
+         "--epochs", "1"], capture_output=True, text=True, timeout=400,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    assert done.returncode == 0, done.stderr[-3000:] + done.stdout[-3000:]
+    result = _json_from(done.stdout)
+    assert result["completed"] == {"1_group": 2, "2_groups": 2}
+    assert result["ratio"] == pytest.approx(result["seconds"]["2_groups"]
+                                            / result["seconds"]["1_group"])

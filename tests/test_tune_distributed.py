@@ -22,8 +22,11 @@ def _trials(directory):
 
 
 def test_five_ranks_in_two_groups_of_two_fold_teams_account_for_every_trial(mpirun, tmp_path):
+    stale = tmp_path / "search" / "trial_9"
+    stale.mkdir(parents=True)  # overwrite=True must clear it once, for every rank
     job = mpirun("tune_search.py", n=5, timeout=400,
-                 args=[tmp_path, "--folds-per-group", 2, "--trials", 8])
+                 args=[tmp_path, "--folds-per-group", 2, "--trials", 8, "--overwrite"])
+    assert not stale.exists()
     reports = [job.rank(r) for r in range(5)]
     for report in reports:
         assert report["statuses"] == {str(i): "COMPLETED" for i in range(8)}

@@ -9,10 +9,12 @@ scores trials by cross-validation.
 """
 
 from kdist.tune.bayesian import BayesianOracle, expected_improvement
-from kdist.tune.distributed import Roles, current_roles, search, trial_comm
+from kdist.tune.distributed import Roles, clear_project, current_roles, search, trial_comm
 from kdist.tune.genetic import GeneticOracle
 from kdist.tune.kfold import KFoldTuner, fold_indices
 from kdist.tune.space import Encoding
 
-__all__ = ["BayesianOracle", "Encoding", "GeneticOracle", "KFoldTuner", "Roles",
-           "current_roles", "expected_improvement", "fold_indices", "search", "trial_comm"]
+__all__ = [
+    "BayesianOracle", "Encoding", "GeneticOracle", "KFoldTuner", "Roles", "clear_project",
+    "current_roles", "expected_improvement", "fold_indices", "search", "trial_comm",
+]

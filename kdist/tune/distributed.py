@@ -85,11 +85,34 @@ def trial_comm():
     return _current.team_comm if _current is not None else processes.world()
 
 
+def clear_project(directory, project_name):
+    """Removes a search's project directory once for all ranks; returns `overwrite`.
+
+    Every rank building a tuner with `overwrite=True` would delete the files
+    the others are writing. Under MPI, rank 0 deletes the directory, every
+    rank waits for it, and the tuners are then built with `overwrite=False`
+    (what this returns). On one process it returns True and lets keras-tuner
+    do it.
+    """
+    processes.init()
+    if processes.size() == 1:
+        return True
+    if processes.rank() == 0:
+        import shutil
+
+        shutil.rmtree(os.path.join(str(directory), project_name), ignore_errors=True)
+    processes.world().barrier()
+    return False
+
+
 def search(tuner, *fit_args, folds_per_group=1, workers_per_fold=1, comm=None, **fit_kwargs):
     """Runs `tuner.search(*fit_args, **fit_kwargs)` over all ranks of `comm`.
 
     Every rank calls this with the same tuner settings and arguments. On one
-    process it is plain `tuner.search`. Afterwards every rank's tuner holds
+    process it is plain `tuner.search`. Build the tuner with `overwrite=False`
+    on every rank (to start afresh, call `clear_project(directory,
+    project_name)` first, on every rank): ranks that each delete the
+    directory would delete each other's files. Afterwards every rank's tuner holds
     the finished search (`get_best_hyperparameters()` and friends work
     everywhere).
 

@@ -115,6 +115,9 @@ class KFoldTuner(kt.Tuner):
                              "kdist.tune.BayesianOracle(objective='val_loss', max_trials=30).")
         if int(folds) != folds or folds < 2:
             raise ValueError(f"folds must be an integer >= 2; got {folds}.")
+        if kwargs.get("overwrite"):
+            kwargs["overwrite"] = distributed.clear_project(
+                kwargs.get("directory") or ".", kwargs.get("project_name") or "untitled_project")
         super().__init__(hypermodel=hypermodel, oracle=oracle, **kwargs)
         self.folds = int(folds)
         self.stratified = stratified

@@ -5,7 +5,6 @@ import os
 import signal
 
 import keras
-import numpy as np
 import tensorflow as tf
 
 import kdist

@@ -7,7 +7,6 @@ mpiexec each rank sees its slice of it, so the two must agree.
 import argparse
 
 import keras
-import numpy as np
 import tensorflow as tf
 
 import kdist

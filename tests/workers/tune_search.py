@@ -21,6 +21,7 @@ parser.add_argument("--workers-per-fold", type=int, default=1)
 parser.add_argument("--fail-trial", help="this trial raises on the group's last rank")
 parser.add_argument("--die-after", type=int, help="the master kills the job after K trials")
 parser.add_argument("--generic", action="store_true", help="a stock tuner, no K-fold")
+parser.add_argument("--overwrite", action="store_true")
 args = parser.parse_args()
 
 import keras  # noqa: E402
@@ -104,7 +105,7 @@ if args.generic:
                       workers_per_fold=args.workers_per_fold)
 else:
     tuner = Tracking(build, oracle=oracle(), folds=4, directory=args.directory,
-                     project_name="search")
+                     project_name="search", overwrite=args.overwrite)
     tuner.search(x, y, epochs=2, verbose=0, folds_per_group=args.folds_per_group,
                  workers_per_fold=args.workers_per_fold)
 trials = tuner.oracle.trials
