@@ -92,9 +92,11 @@ def run_kdist(weights, seed, train, test, epochs, sparsities):
 
 
 def run_tfmot(weights, seed, train, test, epochs, sparsities):
-    import tensorflow_model_optimization as tfmot
     import tf_keras
 
+    from kdist.sparsity.bridge import tfmot as load_tfmot
+
+    tfmot = load_tfmot()  # without leaving TF_USE_LEGACY_KERAS set for later imports
     prune = tfmot.sparsity.keras
     steps = epochs * (len(train[0]) // BATCH + (len(train[0]) % BATCH > 0))
     results, seconds = {}, {}

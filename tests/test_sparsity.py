@@ -39,8 +39,24 @@ def test_constant_sparsity_without_end_prunes_forever():
     assert not bounded.should_prune(25)
 
 
+def _tfmot():
+    """tensorflow-model-optimization, imported without leaving TF_USE_LEGACY_KERAS set."""
+    from importlib.util import find_spec
+
+    if find_spec("tensorflow_model_optimization") is None:
+        pytest.skip("needs tensorflow-model-optimization (extra 'tfmot')")
+    return sparsity.bridge.tfmot()
+
+
+def test_importing_tfmot_through_kdist_leaves_tf_keras_alone():
+    import os
+
+    _tfmot()
+    assert "TF_USE_LEGACY_KERAS" not in os.environ
+
+
 def test_schedules_match_tensorflow_model_optimization():
-    tfmot = pytest.importorskip("tensorflow_model_optimization")
+    tfmot = _tfmot()
     pairs = [
         (sparsity.PolynomialDecay(0.1, 0.8, 2, 12, power=2, frequency=3),
          tfmot.sparsity.keras.PolynomialDecay(0.1, 0.8, 2, 12, power=2, frequency=3)),
@@ -354,7 +370,7 @@ def test_module_doctests():
 # The tfmot bridge ----------------------------------------------------------------------
 
 def test_tf_keras_models_are_handed_to_tensorflow_model_optimization():
-    pytest.importorskip("tensorflow_model_optimization")
+    _tfmot()
     tf_keras = pytest.importorskip("tf_keras")
     tf_keras.utils.set_random_seed(0)
     model = tf_keras.Sequential([tf_keras.layers.Input((10,)),

@@ -4,6 +4,8 @@ Install the `tfmot` extra (`tensorflow-model-optimization` and `tf_keras`).
 kdist's schedules are translated to tfmot's, which share their semantics.
 """
 
+import os
+
 
 def is_tf_keras(obj):
     """True for tf_keras (Keras 2) models and layers; never imports tf_keras."""
@@ -11,6 +13,9 @@ def is_tf_keras(obj):
 
 
 def tfmot():
+    # tensorflow-model-optimization sets TF_USE_LEGACY_KERAS=1 when imported,
+    # which would make `tf.keras` mean tf_keras in every process started later.
+    legacy = os.environ.get("TF_USE_LEGACY_KERAS")
     try:
         import tensorflow_model_optimization as module
     except ImportError as error:
@@ -18,6 +23,11 @@ def tfmot():
             "This is a tf_keras model: kdist hands it to tensorflow-model-optimization, "
             "which is not installed. Install kdist's 'tfmot' extra "
             "(pip install 'kdist[tfmot]'), or build the model with Keras 3.") from error
+    finally:
+        if legacy is None:
+            os.environ.pop("TF_USE_LEGACY_KERAS", None)
+        else:
+            os.environ["TF_USE_LEGACY_KERAS"] = legacy
     return module
 
 

@@ -249,6 +249,7 @@ def _tell_group(roles, message):
 
 
 def _follow(tuner, roles, fit_args, fit_kwargs):
+    import shutil
     import tempfile
 
     # The leader saves the trial's checkpoint; this rank's copy goes elsewhere,
@@ -256,13 +257,17 @@ def _follow(tuner, roles, fit_args, fit_kwargs):
     private = tempfile.mkdtemp(prefix="kdist-tune-")
     tuner._get_checkpoint_fname = lambda trial_id: os.path.join(
         private, f"trial_{trial_id}.weights.h5")
-    while True:
-        # Polled, not a collective: the leader may wait long for the oracle.
-        _, (kind, state) = p2p.poll_object(roles.group_comm, TRIAL_TAG)
-        if kind == "stop":
-            return
-        trial = kt.engine.trial.Trial.from_state(state)
-        _run_together(roles, tuner.run_trial, trial, fit_args, fit_kwargs)
+    try:
+        while True:
+            # Polled, not a collective: the leader may wait long for the oracle.
+            _, (kind, state) = p2p.poll_object(roles.group_comm, TRIAL_TAG)
+            if kind == "stop":
+                return
+            trial = kt.engine.trial.Trial.from_state(state)
+            _run_together(roles, tuner.run_trial, trial, fit_args, fit_kwargs)
+    finally:
+        del tuner._get_checkpoint_fname
+        shutil.rmtree(private, ignore_errors=True)
 
 
 def _run_together(roles, run_trial, trial, args, kwargs):
