@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow]
@@ -108,3 +109,45 @@ def test_hpo_groups_benchmark_times_one_and_two_groups(mpiexec_path):
     assert result["completed"] == {"1_group": 2, "2_groups": 2}
     assert result["ratio"] == pytest.approx(result["seconds"]["2_groups"]
                                             / result["seconds"]["1_group"])
+
+
+def _load_hpo():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("hpo", os.path.join(ROOT, "benchmarks",
+                                                                      "hpo.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_hpo_test_functions_take_their_known_minima():
+    import math
+
+    hpo = _load_hpo()
+    for point in ((-math.pi, 12.275), (math.pi, 2.275), (9.42478, 2.475)):
+        assert hpo.branin(point) == pytest.approx(0.397887, abs=1e-5)
+    best = (0.20169, 0.150011, 0.476874, 0.275332, 0.311652, 0.6573)
+    assert hpo.hartmann6(best) == pytest.approx(-3.32237, abs=1e-4)
+    assert hpo.ackley([0.0] * 10) == pytest.approx(0.0, abs=1e-12)
+    assert hpo.ackley([1.0] * 10) > 3
+
+
+def test_hpo_benchmark_reports_median_regrets():
+    pytest.importorskip("keras_tuner")
+    pytest.importorskip("optuna")
+    done = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "benchmarks", "hpo.py"), "--seeds", "2",
+         "--trials-scale", "0.2", "--methods", "kdist_bayesian,kdist_genetic,kt_random,"
+         "optuna_tpe", "--problems", "branin,ackley10"],
+        capture_output=True, text=True, timeout=400, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = _json_from(done.stdout)
+    branin = result["problems"]["branin"]
+    assert branin["trials"] == 6
+    for method, regrets in branin["regrets"].items():
+        assert len(regrets) == 2 and all(r >= -1e-6 and np.isfinite(r) for r in regrets)
+        assert branin["median_regret"][method] == pytest.approx(float(np.median(regrets)))
+    assert "kdist_bayesian" not in result["problems"]["ackley10"]["regrets"]  # skipped: slow
+    assert result["targets"]["kdist_bayesian_hartmann6_le_0.10"] is None
+    assert isinstance(result["targets"]["kdist_genetic_ackley10_le_half_random"], bool)
