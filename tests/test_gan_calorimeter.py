@@ -82,6 +82,23 @@ def test_files_round_trip_and_ranks_share_the_rows(tmp_path):
         data.ShowerFiles([tmp_path / "broken.h5"])
 
 
+def test_outputs_are_replaced_whole_or_not_at_all(tmp_path):
+    target = tmp_path / "train.json"
+    target.write_text("old")
+
+    def fails_halfway(path):
+        with open(path, "w") as f:
+            f.write("half")
+        raise OSError("disk full")
+
+    with pytest.raises(OSError):
+        data.replace_atomically(str(target), fails_halfway)
+    assert target.read_text() == "old" and sorted(os.listdir(tmp_path)) == ["train.json"]
+    data.replace_atomically(str(target), lambda path: open(path, "w").write("new"))
+    assert target.read_text() == "new"
+    assert data.is_simulated("/d/showers_007.h5") and not data.is_simulated("/d/run_1.h5")
+
+
 @pytest.mark.parametrize("small", [True, False])
 def test_models_have_the_published_shapes(small):
     generator, discriminator = gan_model.generator(small), gan_model.discriminator(small)

@@ -92,6 +92,29 @@ def write_file(path, energies, seed=None):
     return path
 
 
+def replace_atomically(path, write):
+    """Calls `write(partial_path)`, then moves the result to `path` in one step.
+
+    An interrupted run leaves the previous file (or none), never half of one.
+    The partial name keeps `path`'s extension, which Keras's `save` checks.
+    """
+    directory, name = os.path.split(path)
+    partial = os.path.join(directory, f".partial-{name}")
+    try:
+        write(partial)
+        os.replace(partial, path)
+    finally:
+        if os.path.exists(partial):
+            os.unlink(partial)
+    return path
+
+
+def is_simulated(path):
+    """Whether `path` is named like a file `make_dataset` writes."""
+    name = os.path.basename(path)
+    return name.startswith("showers_") and name[8:-3].isdigit() and name.endswith(".h5")
+
+
 def make_dataset(directory, files=2, showers=500, energy_range=(10.0, 500.0), seed=0):
     """Writes `files` HDF5 files of `showers` each with uniform primary energies; returns paths.
 

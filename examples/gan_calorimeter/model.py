@@ -9,8 +9,8 @@ discriminator is a stack of 3D convolutions with LeakyReLU, batch
 normalisation and dropout, then average pooling and three heads: real/fake
 (sigmoid), the regressed primary energy, and the sum of the cell energies.
 
-`small=True` gives a variant with a few thousand times fewer operations per
-shower, for CPU work and tests.
+`small=True` gives a lighter variant that trains about 20 times more showers
+per second on a CPU (docs/performance.md), for CPU work and tests.
 
 Units: the models see cell energies in GeV times `CELL_SCALE`, which brings
 the typical occupied cell near 0.01-1 (smaller values starved the ReLU output

@@ -127,9 +127,11 @@ def main(argv=None):
     if strategy_name == "single" and size > 1:
         raise SystemExit("--strategy single runs on one process; use hvd, mpi or ps under "
                          "kdist run.")
-    if rank == 0 and not glob.glob(os.path.join(args.data, "*.h5")):
-        print(f"Simulating {args.files} x {args.showers} showers into {args.data} ...",
-              flush=True)
+    found = glob.glob(os.path.join(args.data, "*.h5"))
+    # Real files are used as they are; a simulated set left incomplete is completed.
+    if rank == 0 and all(data.is_simulated(p) for p in found) and len(found) < args.files:
+        print(f"Simulating {args.files - len(found)} x {args.showers} showers into "
+              f"{args.data} ...", flush=True)
         data.make_dataset(args.data, args.files, args.showers, seed=args.seed)
     kdist.barrier()
     paths = sorted(glob.glob(os.path.join(args.data, "*.h5")))
@@ -178,7 +180,10 @@ def main(argv=None):
         max(1, showers_per_epoch_rank // args.batch_size), op=kdist.Min, name="steps")
     steps = int(steps)
     fit_kwargs["steps_per_epoch"] = steps
-    dataset = shower_dataset(files, batch, seed=args.seed + rank)
+    # Under MPIStrategy every rank must read the same global batches (the strategy
+    # slices them); otherwise each rank shuffles its own share differently.
+    dataset = shower_dataset(files, batch,
+                             seed=args.seed if strategy_name == "mpi" else args.seed + rank)
     if rank == 0:
         print(f"Training the {'small' if args.small else 'full'} 3DGAN with {strategy_name} on "
               f"{size} process(es): {len(paths)} file(s), {steps} steps of "
@@ -187,8 +192,9 @@ def main(argv=None):
                       verbose=2 if rank == 0 else 0, shuffle=False, **fit_kwargs)
     elapsed = time.time() - start
     if rank == 0:
-        gan.generator.save(os.path.join(args.output, "generator.keras"))
-        gan.save(os.path.join(args.output, "gan.keras"))
+        data.replace_atomically(os.path.join(args.output, "generator.keras"),
+                                gan.generator.save)
+        data.replace_atomically(os.path.join(args.output, "gan.keras"), gan.save)
         epochs_run = len(history.history.get("d_loss", []))
         summary = {
             "strategy": strategy_name, "ranks": size, "small": args.small,
@@ -197,8 +203,11 @@ def main(argv=None):
             "showers_trained_per_s": epochs_run * steps * args.batch_size * trainers / elapsed,
             "history": {k: [float(v) for v in vs] for k, vs in history.history.items()},
         }
-        with open(os.path.join(args.output, "train.json"), "w") as f:
-            json.dump(summary, f, indent=1)
+        def write_summary(path):
+            with open(path, "w") as f:
+                json.dump(summary, f, indent=1)
+
+        data.replace_atomically(os.path.join(args.output, "train.json"), write_summary)
         print(f"Saved {os.path.join(args.output, 'generator.keras')} after {elapsed:.0f} s.",
               flush=True)
 

@@ -150,8 +150,11 @@ def main(argv=None):
     fake = generate(generator, energies, seed=args.seed)
     os.makedirs(args.output, exist_ok=True)
     result = metrics(real, fake)
-    with open(os.path.join(args.output, "metrics.json"), "w") as f:
-        json.dump(result, f, indent=1)
+    def write_metrics(path):
+        with open(path, "w") as f:
+            json.dump(result, f, indent=1)
+
+    data.replace_atomically(os.path.join(args.output, "metrics.json"), write_metrics)
     plot(real, fake, np.asarray(energies), args.output)
     print(json.dumps({k: v for k, v in result.items() if k != "longitudinal_relative_difference"},
                      indent=1))
