@@ -4,7 +4,7 @@
 >>> model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16),
 ...                           keras.layers.Dense(1)])
 >>> model = kdist.sparsity.prune(model, kdist.sparsity.PolynomialDecay(0.0, 0.8, 0, 1000))
->>> model.compile("adam", "mse")   # then model.fit(..., callbacks=[kdist.sparsity.UpdatePruning()])
+>>> model.compile("adam", "mse")  # then fit with callbacks=[kdist.sparsity.UpdatePruning()]
 >>> final = kdist.sparsity.strip(model)
 
 tf_keras models are handed to tensorflow-model-optimization (extra `tfmot`).

@@ -5,7 +5,7 @@ import numpy as np
 
 from kdist.sparsity import bridge
 from kdist.sparsity.schedules import PruningSchedule
-from kdist.sparsity.wrapping import KernelWrapper, kernel_variable, rewrite, wrappers_in
+from kdist.sparsity.wrapping import KernelWrapper, wrap_layers, wrappers_in
 
 
 def magnitude_mask(values, sparsity):
@@ -105,41 +105,8 @@ def prune(model, schedule, skip=()):
                         f"PolynomialDecay); got {type(schedule).__name__}.")
     if bridge.is_tf_keras(model):
         return bridge.prune(model, schedule, skip)
-    skip = tuple(skip) if isinstance(skip, (list, tuple, set)) else (skip,)
-    for entry in skip:
-        if not isinstance(entry, (str, type)):
-            raise TypeError(f"skip takes layer names or layer classes; got {entry!r}.")
-
-    def wanted(layer):
-        if isinstance(layer, PruneLowMagnitude) or any(
-                layer.name == s if isinstance(s, str) else isinstance(layer, s) for s in skip):
-            return False
-        base = layer.base_layer if isinstance(layer, KernelWrapper) else layer
-        return kernel_variable(base) is not None or (
-            not base.built and hasattr(base, "kernel_initializer"))
-
-    if isinstance(model, keras.Model):
-        chosen = []
-
-        def replace(layer):
-            if not wanted(layer):
-                return None
-            fresh = type(layer).from_config(layer.get_config())
-            chosen.append(layer.name)
-            return (PruneLowMagnitude(fresh, schedule), fresh,
-                    layer.get_weights() if layer.built else None)
-
-        pruned = rewrite(model, replace, "prune")
-        if not chosen:
-            raise ValueError(f"Nothing to prune in model {model.name!r}: no layer with a "
-                             f"kernel is left after skip={list(skip)}.")
-        return pruned
-    if isinstance(model, keras.layers.Layer):
-        if not wanted(model):
-            raise ValueError(f"Cannot prune layer {model.name!r}: it has no kernel, is "
-                             "already pruned, or is in skip.")
-        return PruneLowMagnitude(model, schedule)
-    raise TypeError(f"prune() takes a Keras model or layer; got {type(model).__name__}.")
+    return wrap_layers(model, lambda layer: PruneLowMagnitude(layer, schedule),
+                       PruneLowMagnitude, skip, "prune")
 
 
 def pruned_layers(model):

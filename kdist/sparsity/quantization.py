@@ -25,7 +25,7 @@ import tensorflow as tf
 
 from kdist.sparsity import bridge
 from kdist.sparsity.pruning import PruneLowMagnitude
-from kdist.sparsity.wrapping import KernelWrapper, kernel_variable, rewrite, wrappers_in
+from kdist.sparsity.wrapping import KernelWrapper, wrap_layers, wrappers_in
 
 
 _QUANTISED_AFTER = ("linear", "relu", "relu6", None)
@@ -215,40 +215,10 @@ def quantize(model, bits=8, per_channel=True, activations=True, preserve_sparsit
     bits = _check_bits(bits)
     if bridge.is_tf_keras(model):
         return bridge.quantize(model, bits, per_channel, activations)
-    skip = tuple(skip) if isinstance(skip, (list, tuple, set)) else (skip,)
     options = dict(bits=bits, per_channel=per_channel, activations=activations,
                    preserve_sparsity=preserve_sparsity)
-
-    def wanted(layer):
-        if isinstance(layer, QuantizeAware) or any(
-                layer.name == s if isinstance(s, str) else isinstance(layer, s) for s in skip):
-            return False
-        base = layer.base_layer if isinstance(layer, KernelWrapper) else layer
-        return kernel_variable(base) is not None or (
-            not base.built and hasattr(base, "kernel_initializer"))
-
-    if isinstance(model, keras.Model):
-        chosen = []
-
-        def replace(layer):
-            if not wanted(layer):
-                return None
-            fresh = type(layer).from_config(layer.get_config())
-            chosen.append(layer.name)
-            return (QuantizeAware(fresh, **options), fresh,
-                    layer.get_weights() if layer.built else None)
-
-        quantized = rewrite(model, replace, "quantize")
-        if not chosen:
-            raise ValueError(f"Nothing to quantize in model {model.name!r}: no layer with a "
-                             f"kernel is left after skip={list(skip)}.")
-    elif isinstance(model, keras.layers.Layer):
-        if not wanted(model):
-            raise ValueError(f"Cannot quantize layer {model.name!r}: it has no kernel, is "
-                             "already quantized, or is in skip.")
-        quantized = QuantizeAware(model, **options)
-    else:
-        raise TypeError(f"quantize() takes a Keras model or layer; got {type(model).__name__}.")
+    quantized = wrap_layers(model, lambda layer: QuantizeAware(layer, **options), QuantizeAware,
+                            skip, "quantize")
     if preserve_sparsity:
         for wrapper in wrappers_in(quantized, QuantizeAware):
             if wrapper.built and not isinstance(wrapper.layer, PruneLowMagnitude):

@@ -166,6 +166,49 @@ def rewrite(model, replace, caller):
     return copy
 
 
+def wrap_layers(model, wrap, kind, skip, verb):
+    """`wrap(layer)` around every layer with a kernel that is not already a `kind`.
+
+    A Sequential or functional model is copied (weights included) with its
+    layers wrapped; a single layer is wrapped as it is. `skip` holds layer
+    names or classes to leave alone. `verb` names the caller in errors.
+    """
+    skip = tuple(skip) if isinstance(skip, (list, tuple, set)) else (skip,)
+    for entry in skip:
+        if not isinstance(entry, (str, type)):
+            raise TypeError(f"skip takes layer names or layer classes; got {entry!r}.")
+
+    def wanted(layer):
+        if isinstance(layer, kind) or any(
+                layer.name == s if isinstance(s, str) else isinstance(layer, s) for s in skip):
+            return False
+        base = layer.base_layer if isinstance(layer, KernelWrapper) else layer
+        return kernel_variable(base) is not None or (
+            not base.built and hasattr(base, "kernel_initializer"))
+
+    if isinstance(model, keras.Model):
+        chosen = []
+
+        def replace(layer):
+            if not wanted(layer):
+                return None
+            fresh = type(layer).from_config(layer.get_config())
+            chosen.append(layer.name)
+            return wrap(fresh), fresh, layer.get_weights() if layer.built else None
+
+        wrapped = rewrite(model, replace, verb)
+        if not chosen:
+            raise ValueError(f"Nothing to {verb} in model {model.name!r}: no layer with a "
+                             f"kernel is left after skip={list(skip)}.")
+        return wrapped
+    if isinstance(model, keras.layers.Layer):
+        if not wanted(model):
+            raise ValueError(f"Cannot {verb} layer {model.name!r}: it has no kernel, is "
+                             f"already wrapped for it, or is in skip.")
+        return wrap(model)
+    raise TypeError(f"{verb}() takes a Keras model or layer; got {type(model).__name__}.")
+
+
 def strip(model):
     """A plain model: every kdist wrapper replaced by its layer, computing as before.
 

@@ -7,7 +7,7 @@ import keras_tuner as kt
 import numpy as np
 from scipy import optimize, stats
 
-from kdist.tune.space import Encoding
+from kdist.tune.space import Encoding, trial_response
 
 logger = logging.getLogger(__name__)
 
@@ -103,12 +103,12 @@ class BayesianOracle(kt.Oracle):
     def populate_space(self, trial_id):
         encoding = Encoding(self.hyperparameters, one_hot=True)
         if encoding.dimensions == 0:
-            return self._running(self._random_values())
+            return trial_response(self._random_values())
         rng = np.random.default_rng([self.seed or 0, int(trial_id)])
         finished, scores, pending = self._data(encoding, trial_id)
         if len(finished) < max(2, self.initial_points(encoding.dimensions)):
-            return self._running(self._unique(encoding, self._sobol(encoding, trial_id), rng))
-        return self._running(self._unique(encoding,
+            return trial_response(self._unique(encoding, self._sobol(encoding, trial_id), rng))
+        return trial_response(self._unique(encoding,
                                           self._propose(encoding, finished, scores, pending,
                                                         rng), rng))
 
@@ -198,12 +198,6 @@ class BayesianOracle(kt.Oracle):
                 return values
             vector = np.clip(vector + rng.normal(scale=0.05, size=vector.shape), 0.0, 1.0)
         return self._random_values()
-
-    @staticmethod
-    def _running(values):
-        if values is None:
-            return {"status": kt.engine.trial.TrialStatus.STOPPED, "values": None}
-        return {"status": kt.engine.trial.TrialStatus.RUNNING, "values": values}
 
     def get_state(self):
         state = super().get_state()

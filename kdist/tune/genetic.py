@@ -7,7 +7,7 @@ import keras_tuner as kt
 import numpy as np
 
 from kdist.tune import operators
-from kdist.tune.space import Encoding
+from kdist.tune.space import Encoding, trial_response
 
 logger = logging.getLogger(__name__)
 
@@ -105,7 +105,7 @@ class GeneticOracle(kt.Oracle):
         encoding = Encoding(self.hyperparameters)
         rng = np.random.default_rng([self.seed or 0, int(trial_id)])
         if encoding.dimensions == 0:
-            return self._running(self._random_values())
+            return trial_response(self._random_values())
         if self.steady_state:
             return self._steady(trial_id, encoding, rng)
         wanted = self.population_size if self.generation == 0 else self.brood_size
@@ -115,17 +115,17 @@ class GeneticOracle(kt.Oracle):
             self._next_generation()
         self.members.append(trial_id)
         if self.generation == 0:
-            return self._running(self._unique(encoding, encoding.random(rng), rng))
-        return self._running(self._child(encoding, self._ranked(self.population), rng,
+            return trial_response(self._unique(encoding, encoding.random(rng), rng))
+        return trial_response(self._child(encoding, self._ranked(self.population), rng,
                                          self.generation))
 
     def _steady(self, trial_id, encoding, rng):
         finished = [t for t in self.trials if t != trial_id and self._score(t) is not None]
         if len(self.trials) <= self.population_size or len(finished) < 2:
-            return self._running(self._unique(encoding, encoding.random(rng), rng))
+            return trial_response(self._unique(encoding, encoding.random(rng), rng))
         ranked = self._ranked(finished)[:self.population_size]
         done = len(finished) - self.population_size
-        return self._running(self._child(encoding, ranked, rng,
+        return trial_response(self._child(encoding, ranked, rng,
                                          1 + max(done, 0) / self.brood_size))
 
     def _next_generation(self):
@@ -180,12 +180,6 @@ class GeneticOracle(kt.Oracle):
                 or trial.score is None or np.isnan(trial.score)):
             return None
         return trial.score if self.objective.direction == "min" else -trial.score
-
-    @staticmethod
-    def _running(values):
-        if values is None:
-            return {"status": kt.engine.trial.TrialStatus.STOPPED, "values": None}
-        return {"status": kt.engine.trial.TrialStatus.RUNNING, "values": values}
 
     def get_state(self):
         state = super().get_state()

@@ -10,8 +10,16 @@ keep their dimension; inactive ones are dropped when decoding, the way
 keras-tuner expects only active values in a trial.
 """
 
+import keras_tuner as kt
 import numpy as np
 from keras_tuner.engine import hyperparameters as hp_module
+
+
+def trial_response(values):
+    """What an oracle's `populate_space` returns for `values` (None: the search is over)."""
+    if values is None:
+        return {"status": kt.engine.trial.TrialStatus.STOPPED, "values": None}
+    return {"status": kt.engine.trial.TrialStatus.RUNNING, "values": values}
 
 
 def _is_categorical(hp):
