@@ -18,31 +18,50 @@ import importlib as _importlib  # noqa: E402
 from kdist._version import __version__  # noqa: E402
 from kdist import comm  # noqa: E402
 from kdist.comm import (  # noqa: E402
+    Adasum,
     Average,
     Compression,
     Max,
     Min,
     Product,
+    ProcessSet,
     Sum,
+    add_process_set,
     allgather,
     allgather_object,
     allreduce,
+    alltoall,
     barrier,
     broadcast,
     broadcast_object,
     broadcast_variables,
     cross_rank,
     cross_size,
+    global_process_set,
+    grouped_allreduce,
     init,
     is_initialized,
     join,
     local_rank,
     local_size,
+    mpi_built,
     mpi_enabled,
     mpi_threads_supported,
     rank,
+    reducescatter,
+    remove_process_set,
     shutdown,
     size,
+)
+from kdist.comm.capabilities import (  # noqa: E402
+    ccl_built,
+    cuda_built,
+    ddl_built,
+    gloo_built,
+    gloo_enabled,
+    is_homogeneous,
+    nccl_built,
+    rocm_built,
 )
 
 # Modules that need Keras load on first use, so that `kdist run` and `kdist
@@ -63,11 +82,13 @@ def __dir__():
     return sorted(list(globals()) + list(_LAZY_MODULES) + ["DistributedOptimizer"])
 
 __all__ = [
-    "Average", "Compression", "DistributedOptimizer", "Max", "Min", "Product", "Sum",
-    "allgather", "allgather_object", "allreduce", "barrier", "broadcast", "broadcast_object",
-    "broadcast_variables", "callbacks", "comm", "cross_rank", "distribute", "cross_size", "gan",
-    "init",
-    "is_initialized", "join", "local_rank", "local_size", "mpi_enabled",
-    "mpi_threads_supported", "optimizers", "precision", "ps", "rank", "shutdown", "size",
-    "__version__",
+    "Adasum", "Average", "Compression", "DistributedOptimizer", "Max", "Min", "ProcessSet",
+    "Product", "Sum", "add_process_set", "allgather", "allgather_object", "allreduce",
+    "alltoall", "barrier", "broadcast", "broadcast_object", "broadcast_variables",
+    "callbacks", "ccl_built", "comm", "cross_rank", "cross_size", "cuda_built", "ddl_built",
+    "distribute", "gan", "global_process_set", "gloo_built", "gloo_enabled",
+    "grouped_allreduce", "init", "is_homogeneous", "is_initialized", "join", "local_rank",
+    "local_size", "mpi_built", "mpi_enabled", "mpi_threads_supported", "nccl_built",
+    "optimizers", "precision", "ps", "rank", "reducescatter", "remove_process_set",
+    "rocm_built", "shutdown", "size", "sparsity", "tune", "__version__",
 ]

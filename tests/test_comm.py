@@ -56,46 +56,41 @@ def test_buckets_respect_the_byte_limit_and_keep_order():
         fusion.plan_buckets([1], bucket_bytes=0)
 
 
-def test_fused_reducer_packs_and_unpacks_in_order():
-    reducer = fusion.FusedReducer()
-    arrays = [np.arange(6, dtype=np.float64).reshape(2, 3), np.array([7.0], np.float16)]
-    first = reducer.reduce(0, arrays)
-    assert [a.shape for a in first] == [(2, 3), (1,)]
-    assert first[0].tolist() == [[0, 1, 2], [3, 4, 5]] and first[1].tolist() == [7.0]
-    # A result still in use is never overwritten by the next reduction.
-    second = reducer.reduce(0, [a * 2 for a in arrays])
-    assert first[1].tolist() == [7.0] and second[1].tolist() == [14.0]
-    del first, second
-    third = reducer.reduce(0, arrays)
-    assert third[0].ctypes.data % 64 == 0, "results are aligned so TensorFlow need not copy"
-
-
-class _FakeComm:
-    """Two ranks in one process: what a sum over them would give."""
+class _TwoRanks:
+    """Two ranks in one process for top-k: the other rank sends `other` rows."""
 
     size, rank = 2, 0
 
     def __init__(self, other):
         self.other = other
 
-    def allgather_rows(self, message):
-        return np.concatenate([message, self.other])
 
+def test_topk_sends_the_largest_entries_and_keeps_the_rest_for_later(monkeypatch):
+    from kdist.comm import graph_ops
 
-def test_topk_sends_the_largest_entries_and_keeps_the_rest_for_later():
+    sent = []
+
+    def gather(message, comm, label=""):
+        sent.append(message.numpy())
+        return tf.concat([message, comm.other], 0)
+
+    monkeypatch.setattr(graph_ops, "allgather", gather)
     topk = compression.TopKCompressor(ratio=0.5)
-    peer = np.array([[3, np.float32(0.0).view(np.int32)], [4, np.float32(1.0).view(np.int32)]],
-                    dtype=np.int32)  # the other rank sends nothing but its count
-    send = np.array([0.1, -5.0, 0.2, 3.0, 1.0], dtype=np.float32)  # last entry: count
-    recv = np.empty_like(send)
-    topk.sum_(_FakeComm(peer), send, recv, key="k")
-    assert recv.tolist() == [0.0, -5.0, 0.0, 3.0, 2.0]
-    assert np.allclose(topk.residual("k"), [0.1, 0.0, 0.2, 0.0])
+    # The other rank sends one entry (index 1, value 1.0) and its count row.
+    other = tf.constant([[1, np.float32(1.0).view(np.int32)],
+                         [4, np.float32(1.0).view(np.int32)]], tf.int32)
+    grads = [tf.constant([0.1, -5.0]), tf.constant([[0.2, 3.0]])]
+    summed = topk.reduce(grads, _TwoRanks(other), average=False, key="k")
+    assert sent[0].shape == (3, 2), "k = 2 of 4 entries, plus the count row"
+    assert summed[0].numpy().tolist() == [0.0, -4.0] and summed[1].shape == (1, 2)
+    assert np.allclose(summed[1].numpy(), [[0.0, 3.0]])
+    assert np.allclose(topk.residual("k").numpy(), [0.1, 0.0, 0.2, 0.0])
     # Next step: the residual is added before choosing, so small entries get their turn.
-    send = np.array([0.0, 0.0, 0.0, 0.0, 1.0], dtype=np.float32)
-    topk.sum_(_FakeComm(peer), send, recv, key="k")
-    assert np.allclose(recv[:4], [0.1, 0.0, 0.2, 0.0])
-    assert np.allclose(topk.residual("k"), 0.0)
+    averaged = topk.reduce([tf.zeros(2), tf.zeros((1, 2))], _TwoRanks(other), average=True,
+                           key="k")
+    assert np.allclose(averaged[0].numpy(), [0.05, 0.5]) and np.allclose(averaged[1].numpy(),
+                                                                         [[0.1, 0.0]])
+    assert np.allclose(topk.residual("k").numpy(), 0.0)
 
 
 @pytest.mark.mpi
@@ -127,7 +122,38 @@ def test_collectives_on_real_ranks(mpirun, n):
         assert got["sub_size"] == len([r2 for r2 in ranks if r2 % 2 == r % 2])
         assert got["sub_sum"] == [float(sum(r2 for r2 in ranks if r2 % 2 == r % 2))]
         assert got["variable_after_broadcast"] == [[0.0] * 3] * 2
-        assert "only the first dimension may differ" in got["allgather_error"]
+        assert "not running the same collective" in got["allgather_error"]
+        for r2 in ranks:
+            assert f"rank {r2}: allgather of rows of {r2 + 1} float64 values" in \
+                got["allgather_error"]
+        for r2 in ranks:  # every rank names every rank's shapes
+            assert f"rank {r2}: allreduce (sum) of {3 + r2 + 1} float32 values" in \
+                got["allreduce_error"]
+        assert np.allclose(got["prescaled"], np.sum(values, axis=0))
+        assert got["grouped"] == [[float(sum(ranks))], [[1.0 * n, 2.0 * n]], [sum(ranks)]]
+        rows = 2 * n + 1
+        reduced = np.arange(rows) * sum(r2 + 1 for r2 in ranks)
+        start = sum(rows // n + (k < rows % n) for k in range(r))
+        stop = start + rows // n + (r < rows % n)
+        assert got["reducescatter"] == reduced[start:stop].tolist()
+        if r == 0:
+            assert got["alltoall_counts"] == [k + 1 for k in ranks]
+            assert got["alltoall"] == [k for k in ranks for _ in range(k + 1)]
+        else:
+            assert got["alltoall_counts"] == [1] * n and got["alltoall"] == list(ranks)
+        x = np.array([1.0 + r, 2.0])
+        assert np.allclose(got["grad_allreduce"], 2 * x * n), "d/dx sum_r x_r^2 summed over ranks"
+        assert np.allclose(got["grad_allgather"], np.mean([k + 1.0 for k in ranks])), \
+            "allgather's gradient: the average over ranks of the upstream gradient"
+        assert np.allclose(got["grad_broadcast"], 3.0 if r == 0 else 0.0)
+        evens = [k for k in ranks if k % 2 == 0]
+        assert got["process_set"] == [len(evens), evens.index(r) if r in evens else None,
+                                      r in evens]
+        if r in evens:
+            assert got["process_set_sum"] == [float(sum(evens))]
+        else:
+            assert "is not in ProcessSet" in got["process_set_error"]
+        assert got["removed"] is True and got["homogeneous"] is True
         assert got["last_joined"] in ranks
 
 
@@ -153,11 +179,13 @@ def test_threads_per_rank_follow_binding_or_sharing():
 def test_without_a_compiler_the_native_op_steps_aside(monkeypatch, caplog):
     from kdist.comm import native
 
-    monkeypatch.setattr(native, "_loaded", None)
-    monkeypatch.setattr(native, "_failure", None)
+    monkeypatch.setattr(native, "_ops", None)
+    monkeypatch.setattr(native, "_ops_failure", None)
     monkeypatch.setattr(native, "_mpicxx", lambda: None)
     assert native.load() is None
     assert "mpicxx" in native.failure()
-    monkeypatch.setattr(native, "_failure", None)
+    with pytest.raises(RuntimeError, match="jit_compile=False"):
+        native.load_xla()
+    monkeypatch.setattr(native, "_ops_failure", None)
     monkeypatch.setenv("KDIST_NATIVE_OPS", "0")
     assert native.load() is None and "KDIST_NATIVE_OPS" in native.failure()

@@ -1,9 +1,11 @@
 """Keeps ranks in step at epoch boundaries, whatever order callbacks run in."""
 
-from kdist.comm import collectives, fusion
+import weakref
+
+from kdist.comm import collectives, joining
 from kdist.comm import processes
 
-_joined = {}
+_joined = weakref.WeakKeyDictionary()  # model -> the last epoch it joined at
 
 
 def join_once(model, epoch):
@@ -18,16 +20,30 @@ def join_once(model, epoch):
     """
     if processes.size() == 1:
         return
-    key = id(model)
-    if _joined.get(key) == epoch:
+    if _joined.get(model) == epoch:
         return
-    last, anyone_fell_behind = fusion.join_and_tell()
+    last, anyone_fell_behind = joining.join_and_tell()
     if anyone_fell_behind:
         from kdist.callbacks.broadcast import model_state
 
         collectives.broadcast_variables(model_state(model), root_rank=last)
-    _joined[key] = epoch
+    _joined[model] = epoch
 
 
 def forget(model):
-    _joined.pop(id(model), None)
+    _joined.pop(model, None)
+
+
+def built(model):
+    """Whether `model` has its variables (a model without `Input` gets them in its first step)."""
+    return bool(model.built and model.variables)
+
+
+def distributed_core(model):
+    """The kdist optimizer inside `model`'s optimizer (wrappers unwrapped), or None."""
+    optimizer = getattr(model, "optimizer", None)
+    while optimizer is not None:
+        if getattr(optimizer, "reduces_gradients", False):
+            return optimizer
+        optimizer = getattr(optimizer, "inner_optimizer", None)
+    return None

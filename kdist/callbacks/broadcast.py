@@ -8,6 +8,7 @@ import numpy as np
 from kdist.callbacks import _sync
 from kdist.comm import collectives
 from kdist.comm import processes
+from kdist.distribute import consistency
 
 logger = logging.getLogger(__name__)
 
@@ -37,10 +38,13 @@ def model_state(model):
 class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     """Starts every rank from `root_rank`'s weights and optimizer state.
 
-    Runs when training begins, before the first step. A model built
-    differently on some rank is reported by name instead of hanging. It also
-    keeps ranks with uneven numbers of batches in step: at each epoch's end it
-    joins (see `kdist.join`).
+    Runs when training begins, before the first step. A model that Keras
+    builds only in its first step (no `Input`, or a subclassed model) is
+    broadcast as soon as its variables exist, before that step first runs,
+    when the optimizer is kdist's; otherwise at the end of the first batch,
+    as Horovod does. A model built differently on some rank is reported by
+    name instead of hanging. It also keeps ranks with uneven numbers of
+    batches in step: at each epoch's end it joins (see `kdist.join`).
 
     Example:
 
@@ -51,12 +55,33 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     def __init__(self, root_rank=0, device=""):
         super().__init__()
         self.root_rank = int(root_rank)
+        self._pending = False
 
     def on_train_begin(self, logs=None):
         _sync.forget(self.model)
+        self._pending = False
+        if _sync.built(self.model):
+            self._broadcast()
+            return
+        self._pending = True
+        core = _sync.distributed_core(self.model)
+        if core is not None:
+            consistency.before_first_update(core, self._broadcast)
+
+    def _broadcast(self):
         collectives.broadcast_variables(model_state(self.model), root_rank=self.root_rank)
+        self._pending = False
         if processes.size() > 1:
             logger.debug("broadcast model and optimizer state from rank %d", self.root_rank)
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self._pending:
+            # The optimizer is not kdist's, so nothing could run before the first step.
+            logger.warning("the model was built in its first step and its optimizer is not "
+                           "kdist's, so rank %d's weights reach the other ranks only after "
+                           "that step; give the model an Input to broadcast before it.",
+                           self.root_rank)
+            self._broadcast()
 
     def on_epoch_end(self, epoch, logs=None):
         _sync.join_once(self.model, epoch)

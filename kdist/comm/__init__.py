@@ -1,31 +1,35 @@
 """kdist's communication layer: the only code that touches MPI.
 
 Processes (`init`, `rank`, `size`, local and cross ranks), sub-communicators
-(`Communicator.split`), collectives on numpy arrays and TensorFlow tensors,
-fused gradient reduction with compression, and failure handling.
+and process sets, collectives on numpy arrays and TensorFlow tensors (eager,
+in graphs, under XLA) that all follow one wire protocol
+(`kdist.comm.protocol`), fused gradient reduction with compression, `join`
+for uneven data, and failure handling (`kdist.comm.watchdog`).
 """
 
 from kdist.comm.collectives import (
     allgather,
     allgather_object,
     allreduce,
+    alltoall,
     barrier,
     broadcast,
     broadcast_object,
     broadcast_variables,
+    grouped_allreduce,
+    reducescatter,
 )
-from kdist.comm import native
+from kdist.comm.communicator import Adasum, Average, Communicator, Max, Min, Product, Sum
 from kdist.comm.compression import Compression
-from kdist.comm.fusion import FusedReducer, join, plan_buckets
-from kdist.comm.tensors import TensorReducer
-from kdist.comm.watchdog import abort
+from kdist.comm.fusion import plan_buckets
+from kdist.comm.joining import join
+from kdist.comm.process_sets import (
+    ProcessSet,
+    add_process_set,
+    global_process_set,
+    remove_process_set,
+)
 from kdist.comm.processes import (
-    Average,
-    Communicator,
-    Max,
-    Min,
-    Product,
-    Sum,
     cross,
     cross_rank,
     cross_size,
@@ -35,6 +39,7 @@ from kdist.comm.processes import (
     local,
     local_rank,
     local_size,
+    mpi_built,
     mpi_enabled,
     mpi_threads_supported,
     rank,
@@ -42,3 +47,17 @@ from kdist.comm.processes import (
     size,
     world,
 )
+from kdist.comm.protocol import CollectiveMismatch
+from kdist.comm.tensors import TensorReducer
+from kdist.comm.watchdog import abort
+
+__all__ = [
+    "Adasum", "Average", "CollectiveMismatch", "Communicator", "Compression", "Max", "Min",
+    "Product", "ProcessSet", "Sum", "abort", "add_process_set", "allgather",
+    "allgather_object", "allreduce", "alltoall", "barrier", "broadcast", "broadcast_object",
+    "broadcast_variables", "cross", "cross_rank", "cross_size", "global_process_set",
+    "grouped_allreduce", "init", "is_initialized", "join", "launched_by_mpi", "local",
+    "local_rank", "local_size", "mpi_built", "mpi_enabled", "mpi_threads_supported",
+    "plan_buckets", "rank", "reducescatter", "remove_process_set", "shutdown", "size",
+    "TensorReducer", "world",
+]

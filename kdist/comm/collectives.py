@@ -1,14 +1,18 @@
-"""Collectives on numpy arrays and TensorFlow tensors, eager or inside `tf.function`.
+"""Horovod's collectives, on numpy arrays and TensorFlow tensors.
 
 Each function returns the kind of value it was given: numpy in, numpy out;
-a tensor in, a tensor out. Inside a traced function the MPI call runs as a
-py-function op, so the collectives can sit in a Keras train step.
+a tensor in, a tensor out. On tensors they work eagerly, inside
+`tf.function` and inside functions compiled with XLA, and gradients flow
+through `allreduce`, `grouped_allreduce`, `allgather`, `broadcast`,
+`alltoall` and `reducescatter` as in Horovod. Every function takes
+`process_set=` (a `kdist.ProcessSet`) or `comm=` (a `Communicator`) to run on
+a subset of the ranks.
 """
 
 import numpy as np
 
 from kdist.comm import processes
-from kdist.comm.processes import REDUCE_OPS, Average, Sum
+from kdist.comm.communicator import Average, Sum, reduce_op
 
 
 def _tf():
@@ -18,48 +22,45 @@ def _tf():
 
 
 def _is_tensor(value):
-    tf = _tf()
-    return isinstance(value, (tf.Tensor, tf.Variable)) or tf.is_tensor(value)
+    import sys
+
+    tf = sys.modules.get("tensorflow")
+    return tf is not None and (tf.is_tensor(value) or isinstance(value, tf.Variable))
 
 
 def _resolve_op(average, op):
     if average is not None and op is not None:
         raise ValueError("Pass either `average` or `op` to allreduce, not both.")
     if op is None:
-        op = Sum if average is False else Average
-    if op not in REDUCE_OPS:
-        raise ValueError(f"Unknown reduction op {op!r}; use one of {REDUCE_OPS}.")
-    return op
+        return Sum if average is False else Average
+    return reduce_op(op)
 
 
-def _numpy_allreduce(array, op, comm, prescale_factor, postscale_factor):
-    out = np.array(array, copy=True, order="C")
-    if out.dtype.kind not in "fiub":
-        raise TypeError(f"allreduce supports numeric arrays; got dtype {out.dtype}.")
-    if op == Average and out.dtype.kind != "f":
-        raise TypeError(f"Averaging needs a floating array; got {out.dtype}. "
-                        "Use op=kdist.Sum or convert to float first.")
-    if prescale_factor != 1.0:
-        out = out * prescale_factor
-    comm.allreduce_(out, op=op)
-    if postscale_factor != 1.0:
-        out = out * postscale_factor
-    return out
+def resolve_comm(comm=None, process_set=None):
+    """The communicator for a collective: `comm`, the process set's, or the world's."""
+    if comm is not None and process_set is not None:
+        raise ValueError("Pass either comm= or process_set=, not both.")
+    if process_set is not None:
+        from kdist.comm.process_sets import communicator_of
+
+        return communicator_of(process_set)
+    return comm if comm is not None else processes.world()
 
 
-def _on_host(fn, tensor, out_dtype, name):
-    """Runs a numpy function on a tensor, eagerly or as a graph op."""
-    tf = _tf()
-    tensor = tf.convert_to_tensor(tensor)
-    if tf.executing_eagerly():
-        return tf.convert_to_tensor(fn(tensor.numpy()), dtype=out_dtype)
-    result = tf.numpy_function(fn, [tensor], out_dtype, stateful=True, name=name)
-    return result
+def _compression(compression):
+    from kdist.comm import compression as compression_lib
+
+    return compression_lib.get(compression)
 
 
-def allreduce(tensor, average=None, op=None, name=None, prescale_factor=1.0,
-              postscale_factor=1.0, comm=None):
-    """Reduces a value across all ranks: Average (default), Sum, Min, Max or Product.
+def allreduce(tensor, average=None, device_dense="", device_sparse="", compression=None,
+              op=None, prescale_factor=1.0, postscale_factor=1.0, name=None,
+              process_set=None, ignore_name_scope=False, comm=None):
+    """Reduces a value across ranks: Average (default), Sum, Min, Max or Product.
+
+    `prescale_factor` multiplies each rank's value before the reduction and
+    `postscale_factor` the result. An average divides by the number of ranks
+    that contributed (ranks that have joined with `kdist.join` do not count).
 
     Example:
 
@@ -68,74 +69,210 @@ def allreduce(tensor, average=None, op=None, name=None, prescale_factor=1.0,
     array([1., 2.])
     """
     op = _resolve_op(average, op)
-    comm = comm if comm is not None else processes.world()
+    comm = resolve_comm(comm, process_set)
     if not _is_tensor(tensor):
-        return _numpy_allreduce(np.asarray(tensor), op, comm, prescale_factor, postscale_factor)
+        return _numpy_allreduce(np.asarray(tensor), op, comm, prescale_factor, postscale_factor,
+                                name or "")
     tf = _tf()
-    tensor = tf.convert_to_tensor(tensor)
-    if op == Average and not tensor.dtype.is_floating:
-        raise TypeError(f"Averaging needs a floating tensor; got {tensor.dtype.name}. "
-                        "Use op=kdist.Sum or cast first.")
-    result = _on_host(
-        lambda a: _numpy_allreduce(a, op, comm, prescale_factor, postscale_factor).astype(a.dtype),
-        tensor, tensor.dtype, name or "kdist_allreduce")
-    result.set_shape(tensor.shape)
-    return result
+    if isinstance(tensor, tf.IndexedSlices):
+        return _allreduce_sparse(tensor, op, comm)
+    from kdist.comm import differentiable
+
+    return differentiable.allreduce(tf.convert_to_tensor(tensor), op, comm, prescale_factor,
+                                    postscale_factor, _compression(compression),
+                                    label=name or "allreduce")
 
 
-def broadcast(tensor, root_rank=0, name=None, comm=None):
+def _numpy_allreduce(array, op, comm, prescale, postscale, label):
+    out = np.array(array, copy=True, order="C")
+    if out.dtype.kind not in "fiub" and out.dtype.name != "bfloat16":
+        raise TypeError(f"allreduce supports numeric arrays; got dtype {out.dtype}.")
+    scaled = prescale != 1.0 or postscale != 1.0
+    if (op == Average or scaled) and out.dtype.kind != "f":
+        raise TypeError(f"Averaging or scaling needs floating values; got {out.dtype}. "
+                        "Use op=kdist.Sum, or convert to float first.")
+    if op in (Average, Sum):
+        return comm.allreduce_many([out], op=Sum, average=op == Average, prescale=prescale,
+                                   postscale=postscale, label=label)[0].reshape(out.shape)
+    return comm.allreduce_(out, op=op, label=label)
+
+
+def _allreduce_sparse(slices, op, comm):
+    """Horovod's reduction of sparse gradients: gather every rank's rows and values."""
+    tf = _tf()
+    if op not in (Average, Sum):
+        raise ValueError(f"Sparse (IndexedSlices) values can be summed or averaged, not {op}.")
+    values = allgather(slices.values, comm=comm)
+    indices = allgather(slices.indices, comm=comm)
+    if op == Average:
+        values = values / tf.cast(comm.size, values.dtype)
+    return tf.IndexedSlices(values, indices, dense_shape=slices.dense_shape)
+
+
+def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="",
+                      compression=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+                      process_set=None, name=None, comm=None):
+    """Reduces a list of values in one fused collective; returns them in order.
+
+    Example:
+
+    >>> import numpy as np, kdist
+    >>> [a.tolist() for a in kdist.grouped_allreduce([np.ones(2), np.zeros(3)])]
+    [[1.0, 1.0], [0.0, 0.0, 0.0]]
+    """
+    op = _resolve_op(average, op)
+    comm = resolve_comm(comm, process_set)
+    tensors = list(tensors)
+    if not any(_is_tensor(t) for t in tensors):
+        if op in (Average, Sum):
+            return _numpy_grouped(tensors, op, comm, prescale_factor, postscale_factor,
+                                  name or "")
+        return [_numpy_allreduce(np.asarray(t), op, comm, prescale_factor, postscale_factor,
+                                 name or "") for t in tensors]
+    tf = _tf()
+    from kdist.comm import differentiable
+
+    return differentiable.grouped_allreduce([tf.convert_to_tensor(t) for t in tensors], op,
+                                            comm, prescale_factor, postscale_factor,
+                                            _compression(compression),
+                                            label=name or "grouped_allreduce")
+
+
+def _numpy_grouped(arrays, op, comm, prescale, postscale, label):
+    arrays = [np.asarray(a) for a in arrays]
+    results = [None] * len(arrays)
+    by_dtype = {}
+    for index, a in enumerate(arrays):
+        by_dtype.setdefault(a.dtype, []).append(index)
+    for indices in by_dtype.values():
+        reduced = comm.allreduce_many([arrays[i] for i in indices], op=Sum,
+                                      average=op == Average, prescale=prescale,
+                                      postscale=postscale, label=label)
+        for i, r in zip(indices, reduced):
+            results[i] = r
+    return results
+
+
+def broadcast(tensor, root_rank=0, name=None, process_set=None, ignore_name_scope=False,
+              comm=None):
     """Returns `root_rank`'s value of `tensor` on every rank."""
-    comm = comm if comm is not None else processes.world()
-    _check_root(root_rank, comm)
-
-    def bcast(array):
-        out = np.array(array, copy=True, order="C")
-        return comm.bcast_(out, root=root_rank)
-
+    comm = resolve_comm(comm, process_set)
+    root_rank = _root(root_rank, comm)
     if not _is_tensor(tensor):
-        return bcast(np.asarray(tensor))
-    tf = _tf()
-    tensor = tf.convert_to_tensor(tensor)
-    result = _on_host(bcast, tensor, tensor.dtype, name or "kdist_broadcast")
-    result.set_shape(tensor.shape)
-    return result
+        out = np.array(tensor, copy=True, order="C")
+        return comm.bcast_(out, root=root_rank, label=name or "")
+    from kdist.comm import differentiable
+
+    return differentiable.broadcast(_tf().convert_to_tensor(tensor), root_rank, comm,
+                                    label=name or "broadcast")
 
 
-def allgather(tensor, name=None, comm=None):
+def allgather(tensor, name=None, process_set=None, ignore_name_scope=False, comm=None):
     """Concatenates every rank's value along the first axis (sizes may differ)."""
-    comm = comm if comm is not None else processes.world()
+    comm = resolve_comm(comm, process_set)
     if not _is_tensor(tensor):
-        return comm.allgather_rows(np.asarray(tensor))
-    tf = _tf()
-    tensor = tf.convert_to_tensor(tensor)
-    result = _on_host(comm.allgather_rows, tensor, tensor.dtype, name or "kdist_allgather")
-    result.set_shape(tf.TensorShape([None]).concatenate(tensor.shape[1:]))
-    return result
+        return comm.allgather_rows(np.asarray(tensor), label=name or "")
+    from kdist.comm import differentiable
+
+    return differentiable.allgather(_tf().convert_to_tensor(tensor), comm,
+                                    label=name or "allgather")
 
 
-def broadcast_object(obj, root_rank=0, comm=None):
+def alltoall(tensor, splits=None, name=None, process_set=None, ignore_name_scope=False,
+             comm=None):
+    """Sends `splits[i]` rows of `tensor` to rank i and returns the rows received.
+
+    Without `splits` the rows are split equally (their number must divide by
+    the number of ranks) and only the received rows are returned; with
+    `splits`, also how many rows came from each rank, as Horovod does.
+    """
+    comm = resolve_comm(comm, process_set)
+    rows = np.shape(tensor)[0] if np.ndim(tensor) else 0
+    if splits is None:
+        if np.ndim(tensor) == 0 or rows % comm.size:
+            raise ValueError(f"alltoall without splits divides the first dimension equally, "
+                             f"but {rows} rows do not divide by {comm.size} ranks; pass splits=.")
+        counts = np.full(comm.size, rows // comm.size, dtype=np.int64)
+    else:
+        counts = splits
+    if not _is_tensor(tensor) and not _is_tensor(counts):
+        received, received_counts = comm.alltoallv(np.asarray(tensor), np.asarray(counts),
+                                                   label=name or "")
+    else:
+        from kdist.comm import differentiable
+
+        received, received_counts = differentiable.alltoall(
+            _tf().convert_to_tensor(tensor), counts, comm, label=name or "alltoall")
+    return received if splits is None else (received, received_counts)
+
+
+def reducescatter(tensor, device_dense="", compression=None, op=Average, name=None,
+                  process_set=None, ignore_name_scope=False, prescale_factor=1.0,
+                  postscale_factor=1.0, comm=None):
+    """Reduces `tensor` across ranks and gives each rank its block of rows.
+
+    Rank r receives rows `[start_r, start_r + n_r)` where the first
+    `rows % size` ranks get one row more, as in Horovod.
+
+    Example:
+
+    >>> import numpy as np, kdist
+    >>> kdist.reducescatter(np.arange(4.0)).tolist()  # one process: all rows
+    [0.0, 1.0, 2.0, 3.0]
+    """
+    op = reduce_op(op)
+    comm = resolve_comm(comm, process_set)
+    if np.ndim(tensor) == 0:
+        raise ValueError("reducescatter needs a tensor of at least one dimension.")
+    if not _is_tensor(tensor):
+        reduced = _numpy_allreduce(np.asarray(tensor), op, comm, prescale_factor,
+                                   postscale_factor, name or "")
+        start, stop = block(reduced.shape[0], comm.rank, comm.size)
+        return reduced[start:stop]
+    from kdist.comm import differentiable
+
+    return differentiable.reducescatter(_tf().convert_to_tensor(tensor), op, comm,
+                                        prescale_factor, postscale_factor,
+                                        _compression(compression), label=name or "reducescatter")
+
+
+def block(rows, rank, size):
+    """Rank `rank`'s rows of a reduce-scatter: `(start, stop)`.
+
+    >>> [block(5, r, 2) for r in range(2)]
+    [(0, 3), (3, 5)]
+    """
+    base, extra = divmod(int(rows), int(size))
+    start = rank * base + min(rank, extra)
+    return start, start + base + (1 if rank < extra else 0)
+
+
+def broadcast_object(obj, root_rank=0, name=None, process_set=None, comm=None):
     """Returns `root_rank`'s picklable object on every rank."""
-    comm = comm if comm is not None else processes.world()
-    _check_root(root_rank, comm)
-    return comm.bcast_object(obj, root=root_rank)
+    comm = resolve_comm(comm, process_set)
+    return comm.bcast_object(obj, root=_root(root_rank, comm))
 
 
-def allgather_object(obj, comm=None):
+def allgather_object(obj, name=None, process_set=None, comm=None):
     """Returns the list of every rank's picklable object, in rank order."""
-    comm = comm if comm is not None else processes.world()
-    return comm.allgather_object(obj)
+    return resolve_comm(comm, process_set).allgather_object(obj)
 
 
-def barrier(comm=None):
-    (comm if comm is not None else processes.world()).barrier()
+def barrier(process_set=None, comm=None):
+    """Waits until every rank has reached this call."""
+    resolve_comm(comm, process_set).barrier()
 
 
-def _check_root(root_rank, comm):
+def _root(root_rank, comm):
+    if isinstance(root_rank, bool) or not isinstance(root_rank, (int, np.integer)):
+        raise TypeError(f"root_rank must be an integer rank; got {root_rank!r}.")
     if not 0 <= int(root_rank) < comm.size:
-        raise ValueError(f"root_rank={root_rank} is not a rank of this job (size {comm.size}).")
+        raise ValueError(f"root_rank={root_rank} is not a rank of this job (ranks 0 to "
+                         f"{comm.size - 1}).")
+    return int(root_rank)
 
 
-def broadcast_variables(variables, root_rank=0, comm=None):
+def broadcast_variables(variables, root_rank=0, process_set=None, comm=None):
     """Sets every variable to its value on `root_rank`, checking that models match.
 
     Before any bytes move, every rank compares the names, shapes and dtypes of
@@ -143,15 +280,14 @@ def broadcast_variables(variables, root_rank=0, comm=None):
     naming the first variable that differs, instead of corrupting weights or
     hanging.
     """
-    comm = comm if comm is not None else processes.world()
-    _check_root(root_rank, comm)
+    comm = resolve_comm(comm, process_set)
+    root_rank = _root(root_rank, comm)
     variables = list(variables)
     if comm.size == 1:
         return
-    signature = [(_variable_name(v), tuple(v.shape), np.dtype(_numpy_dtype(v)).str)
+    signature = [(variable_name(v), tuple(v.shape), np.dtype(_numpy_dtype(v)).str)
                  for v in variables]
-    signatures = comm.allgather_object(signature)
-    _compare_signatures(signatures, root_rank)
+    compare_signatures(comm.allgather_object(signature), root_rank)
     groups = {}
     for v, (_, _, dtype) in zip(variables, signature):
         groups.setdefault(dtype, []).append(v)
@@ -162,7 +298,7 @@ def broadcast_variables(variables, root_rank=0, comm=None):
         else:
             flat = np.empty(sum(int(np.prod(v.shape)) for v in group), dtype=dtype)
         flat = np.ascontiguousarray(flat)
-        comm.bcast_(flat.view(np.uint8), root=root_rank)
+        comm.bcast_(flat.view(np.uint8), root=root_rank, label="broadcast_variables")
         offset = 0
         for v in group:
             n = int(np.prod(v.shape))
@@ -170,7 +306,8 @@ def broadcast_variables(variables, root_rank=0, comm=None):
             offset += n
 
 
-def _variable_name(v):
+def variable_name(v):
+    """A variable's path (Keras 3) or name."""
     return getattr(v, "path", None) or getattr(v, "name", "?")
 
 
@@ -179,17 +316,24 @@ def _numpy_dtype(v):
     return getattr(dtype, "as_numpy_dtype", dtype)
 
 
-def _compare_signatures(signatures, root_rank):
+def compare_signatures(signatures, root_rank=0, what="to broadcast"):
+    """Raises `ValueError` naming the first variable whose shape or dtype differs from the root's.
+
+    `signatures[rank]` is that rank's list of `(name, shape, dtype)`.
+    """
     root = signatures[root_rank]
     for other_rank, theirs in enumerate(signatures):
-        if len(theirs) != len(root):
-            raise ValueError(
-                f"Rank {other_rank} has {len(theirs)} variables to broadcast but root rank "
-                f"{root_rank} has {len(root)}: every rank must build the same model.")
         for mine, root_var in zip(theirs, root):
-            if mine[1:] != root_var[1:]:
+            if tuple(mine[1:]) != tuple(root_var[1:]):
                 raise ValueError(
-                    f"Variable '{root_var[0]}' has shape {root_var[1]} ({np.dtype(root_var[2])}) "
-                    f"on root rank {root_rank} but '{mine[0]}' has shape {mine[1]} "
-                    f"({np.dtype(mine[2])}) on rank {other_rank}: every rank must build the "
-                    "same model.")
+                    f"Variable '{root_var[0]}' has shape {tuple(root_var[1])} "
+                    f"({np.dtype(root_var[2])}) on rank {root_rank} but '{mine[0]}' has shape "
+                    f"{tuple(mine[1])} ({np.dtype(mine[2])}) on rank {other_rank}: every rank "
+                    "must build the same model.")
+        if len(theirs) != len(root):
+            extra = theirs[len(root):] or root[len(theirs):]
+            owner = other_rank if len(theirs) > len(root) else root_rank
+            raise ValueError(
+                f"Rank {other_rank} has {len(theirs)} variables {what} but rank {root_rank} has "
+                f"{len(root)}; the first extra one is '{extra[0][0]}' on rank {owner}: every "
+                "rank must build the same model.")

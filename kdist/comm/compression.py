@@ -1,36 +1,36 @@
-"""Gradient compression: how a fused float32 buffer is summed across ranks.
+"""Gradient compression: how a list of float tensors is summed or averaged across ranks.
 
-Every compressor sums a flat float32 send buffer over the ranks into a result
-buffer. The buffer's last element is a participation count (1 from a rank that
-is training, 0 from a rank that has joined); compressors must sum it exactly so
-that the average divides by the number of ranks that really contributed.
-When averaging, values arrive already divided by the number of ranks, which
-also keeps float16 sums in range; a plain sum in float16 can overflow.
+A compressor turns a list of tensors into fewer bytes on the wire and back,
+in TensorFlow ops around one of kdist's collectives, so it works eagerly, in
+graphs and under XLA:
 
-- `Compression.none`: plain float32 allreduce.
-- `Compression.fp16`: values are sent as float16 (half the bytes), summed in
-  float16 and restored to float32.
-- `Compression.topk(ratio)`: each rank sends only its largest `ratio` fraction
-  of entries (indices and values); what it leaves out is kept as a residual
-  and added to its next gradient (error feedback), so nothing is lost, only
-  delayed.
+- `Compression.none`: the tensors as they are.
+- `Compression.fp16`: float16 on the wire (half the bytes), summed in float16;
+  when averaging, values are divided by the number of ranks first, which
+  keeps the float16 sum in range.
+- `Compression.topk(ratio)`: each rank sends only its largest `ratio`
+  fraction of entries (indices and values, gathered from every rank); what it
+  leaves out is kept as a residual and added to its next gradient (error
+  feedback), so nothing is lost, only delayed.
 """
-
-import numpy as np
 
 
 class Compressor:
-    """Base class: how one fused buffer is summed across a communicator."""
+    """Base class: sums or averages a list of floating tensors over a communicator."""
 
     name = "none"
 
-    def sum_(self, comm, send, recv, key=None):
-        """Sums `send` (float32, last element a count) over `comm` into `recv`.
+    def reduce(self, tensors, comm, average, prescale=1.0, postscale=1.0, label="", key=None):
+        """Returns `reduce(t * prescale) * postscale` for each tensor, divided by the
+        number of contributing ranks with `average`.
 
-        `key` names the buffer for compressors that keep state between steps;
-        None means "keep no state" (a joined rank's zeros).
+        `key` names the list for compressors that keep state between steps
+        (None: keep none).
         """
-        raise NotImplementedError
+        from kdist.comm import graph_ops
+
+        return _by_dtype(tensors, lambda group: graph_ops.allreduce(
+            group, comm, average=average, prescale=prescale, postscale=postscale, label=label))
 
     def get_config(self):
         return {"name": self.name}
@@ -42,38 +42,23 @@ class Compressor:
 class NoneCompressor(Compressor):
     name = "none"
 
-    def sum_(self, comm, send, recv, key=None):
-        return comm.allreduce_into(send, recv)
-
-
-_FP16_SUM = None
-
-
-def _fp16_sum_op():
-    """An MPI reduction that adds float16 values (MPI has no float16 type)."""
-    global _FP16_SUM
-    if _FP16_SUM is None:
-        from mpi4py import MPI
-
-        def add(inbuf, inoutbuf, datatype):
-            accumulated = np.frombuffer(inoutbuf, dtype=np.float16)
-            np.add(accumulated, np.frombuffer(inbuf, dtype=np.float16), out=accumulated)
-
-        _FP16_SUM = MPI.Op.Create(add, commute=True)
-    return _FP16_SUM
-
 
 class FP16Compressor(Compressor):
     name = "fp16"
 
-    def sum_(self, comm, send, recv, key=None):
-        half = send.astype(np.float16)
-        if comm.size > 1:
-            from mpi4py import MPI
+    def reduce(self, tensors, comm, average, prescale=1.0, postscale=1.0, label="", key=None):
+        import tensorflow as tf
 
-            comm.allreduce_op_(half.view(np.uint16), _fp16_sum_op(), MPI.UINT16_T)
-        np.copyto(recv, half, casting="unsafe")
-        return recv
+        from kdist.comm import graph_ops
+
+        tensors = [tf.convert_to_tensor(t) for t in tensors]
+        half = [tf.cast(t, tf.float16) for t in tensors]
+        if average and comm.size > 1:
+            # Divide before summing so that the float16 sum stays in range.
+            prescale, postscale = prescale / comm.size, postscale * comm.size
+        reduced = graph_ops.allreduce(half, comm, average=average, prescale=prescale,
+                                      postscale=postscale, label=f"{label}, fp16")
+        return [tf.cast(r, t.dtype) for r, t in zip(reduced, tensors)]
 
 
 class TopKCompressor(Compressor):
@@ -100,44 +85,79 @@ class TopKCompressor(Compressor):
         return TopKCompressor(ratio)
 
     def residual(self, key):
-        """The error-feedback residual kept for buffer `key` (None before first use)."""
+        """The error-feedback residual kept for `key` (None before first use)."""
         return self._residuals.get(key)
 
-    def sum_(self, comm, send, recv, key=None):
-        values = send[:-1]
-        if key is not None:
-            residual = self._residuals.get(key)
-            if residual is None or residual.shape != values.shape:
-                residual = self._residuals[key] = np.zeros_like(values)
+    def _residual_variable(self, key, size):
+        import tensorflow as tf
+
+        variable = self._residuals.get(key)
+        if variable is None or variable.shape[0] != size:
+            with tf.init_scope():
+                variable = tf.Variable(tf.zeros([size], tf.float32), trainable=False,
+                                       name="topk_residual")
+            self._residuals[key] = variable
+        return variable
+
+    def reduce(self, tensors, comm, average, prescale=1.0, postscale=1.0, label="", key=None):
+        import tensorflow as tf
+
+        from kdist.comm import graph_ops
+
+        tensors = [tf.convert_to_tensor(t) for t in tensors]
+        sizes = [int(t.shape.num_elements()) for t in tensors]
+        n = sum(sizes)
+        values = tf.concat([tf.reshape(tf.cast(t, tf.float32), [-1]) for t in tensors], 0)
+        values = values * prescale
+        residual = self._residual_variable(key, n) if key is not None else None
+        if residual is not None:
             values = values + residual
-        n = values.shape[0]
         k = max(1, int(round(self.ratio * n)))
-        if k >= n:
-            chosen = np.arange(n)
-        else:
-            chosen = np.argpartition(np.abs(values), n - k)[n - k:]
-        message = np.empty((chosen.shape[0] + 1, 2), dtype=np.int32)
-        message[:-1, 0] = chosen
-        message[:-1, 1] = values[chosen].view(np.int32)
-        message[-1, 0] = n
-        message[-1, 1] = send[-1:].view(np.int32)[0]
-        if key is not None:
-            residual[...] = values
-            residual[chosen] = 0.0
-            if not np.isfinite(residual).all():
-                # An overflowing step is skipped; carrying its inf/NaN on would
-                # make every later step overflow too.
-                residual[...] = 0.0
-        everyone = comm.allgather_rows(message)
-        recv[...] = 0.0
-        np.add.at(recv, everyone[:, 0], everyone[:, 1].view(np.float32))
-        return recv
+        chosen = tf.math.top_k(tf.abs(values), k=k, sorted=False).indices
+        picked = tf.gather(values, chosen)
+        # One message per rank: k rows (index, value bits), then (n, count bits).
+        message = tf.concat([
+            tf.stack([chosen, tf.bitcast(picked, tf.int32)], axis=1),
+            tf.constant([[n, 0x3F800000]], tf.int32)], axis=0)  # 0x3F800000 is 1.0f
+        everyone = graph_ops.allgather(message, comm, label=f"{label}, top-k")
+        # Row index n collects the count of contributing ranks; zero rows add nothing.
+        summed = tf.math.unsorted_segment_sum(tf.bitcast(everyone[:, 1], tf.float32),
+                                              everyone[:, 0], num_segments=n + 1)
+        if residual is not None:
+            left = tf.tensor_scatter_nd_update(values, chosen[:, None], tf.zeros([k]))
+            finite = tf.reduce_all(tf.math.is_finite(left))
+            # An overflowing step is skipped; carrying its inf/NaN on would spoil later ones.
+            residual.assign(tf.where(finite, left, tf.zeros_like(left)))
+        factor = tf.constant(postscale, tf.float32)
+        if average:
+            factor = factor / tf.maximum(summed[n], 1.0)
+        reduced = summed[:n] * factor
+        results, offset = [], 0
+        for t, size in zip(tensors, sizes):
+            results.append(tf.cast(tf.reshape(reduced[offset:offset + size], t.shape), t.dtype))
+            offset += size
+        return results
 
     def get_config(self):
         return {"name": self.name, "ratio": self.ratio}
 
     def __repr__(self):
         return f"Compression.topk(ratio={self.ratio:g})"
+
+
+def _by_dtype(tensors, reduce_group):
+    """Applies `reduce_group` to the tensors of each dtype; returns results in order."""
+    import tensorflow as tf
+
+    tensors = [tf.convert_to_tensor(t) for t in tensors]
+    results = [None] * len(tensors)
+    groups = {}
+    for index, t in enumerate(tensors):
+        groups.setdefault(t.dtype, []).append(index)
+    for indices in groups.values():
+        for index, result in zip(indices, reduce_group([tensors[i] for i in indices])):
+            results[index] = result
+    return results
 
 
 class Compression:

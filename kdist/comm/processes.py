@@ -1,9 +1,10 @@
 """The process world: who we are, who else there is, and how to reach them.
 
-This is the only module that imports `mpi4py`. Everything above talks to a
-`Communicator`, which wraps an MPI communicator or, when the script was not
-started by an MPI launcher, stands in for a world of one process so that the
-same script runs unchanged on a laptop.
+Everything above `kdist.comm` talks to a `Communicator`, which wraps an MPI
+communicator or, when the script was not started by an MPI launcher, stands
+in for a world of one process so that the same script runs unchanged on a
+laptop. kdist works on its own duplicate of the world communicator, so a
+script's own MPI messages can never meet kdist's.
 """
 
 import logging
@@ -11,9 +12,16 @@ import os
 import sys
 import threading
 
-import numpy as np
-
-from kdist.comm.watchdog import Deadline
+from kdist.comm.communicator import (  # noqa: F401  (names re-exported)
+    REDUCE_OPS,
+    Adasum,
+    Average,
+    Communicator,
+    Max,
+    Min,
+    Product,
+    Sum,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -29,14 +37,6 @@ _LAUNCHER_VARIABLES = (
     "MV2_COMM_WORLD_SIZE",
 )
 
-Average = "average"
-Sum = "sum"
-Min = "min"
-Max = "max"
-Product = "product"
-REDUCE_OPS = (Average, Sum, Min, Max, Product)
-
-
 def launched_by_mpi(environ=None):
     """Returns True when an MPI launcher started this process."""
     environ = os.environ if environ is None else environ
@@ -50,139 +50,6 @@ def launched_by_mpi(environ=None):
             and int(environ.get("SLURM_STEP_NUM_TASKS", "1") or 1) > 1)
 
 
-class Communicator:
-    """A group of processes that run collectives together.
-
-    Wraps an `mpi4py.MPI.Comm`, or nothing for a world of one process. All
-    methods take and return numpy arrays; `kdist.comm.collectives` adds the
-    TensorFlow side.
-    """
-
-    def __init__(self, mpi_comm=None):
-        self._comm = mpi_comm
-        self.rank = 0 if mpi_comm is None else mpi_comm.Get_rank()
-        self.size = 1 if mpi_comm is None else mpi_comm.Get_size()
-        # One collective at a time per communicator: TensorFlow may run two
-        # py-function ops on different inter-op threads, and MPI requires every
-        # rank to issue collectives on a communicator in the same order.
-        self.lock = threading.RLock()
-
-    @property
-    def mpi(self):
-        """The underlying `mpi4py.MPI.Comm`, or None in a world of one."""
-        return self._comm
-
-    @property
-    def fortran_handle(self):
-        """The communicator's MPI Fortran handle, which C and C++ code can convert back."""
-        return None if self._comm is None else self._comm.py2f()
-
-    def split(self, color, key=None):
-        """Returns the sub-communicator of the ranks that passed the same color."""
-        if self._comm is None:
-            return Communicator(None)
-        return Communicator(self._comm.Split(int(color), self.rank if key is None else int(key)))
-
-    def shrink(self):
-        """The communicator of the ranks still alive (Open MPI with `--with-ft ulfm`).
-
-        Every surviving rank must call it. Without failures it is a copy.
-        """
-        if self._comm is None:
-            return Communicator(None)
-        return Communicator(self._comm.Shrink())
-
-    def barrier(self):
-        if self._comm is not None:
-            with self.lock, Deadline.guard("barrier"):
-                self._comm.Barrier()
-
-    def allreduce_(self, array, op=Sum):
-        """Reduces a contiguous numpy array in place across the group."""
-        if self._comm is None:
-            return array
-        mpi = _mpi()
-        mpi_op = _mpi_op(op)
-        with self.lock, Deadline.guard("allreduce"):
-            self._comm.Allreduce(mpi.IN_PLACE, array, op=mpi_op)
-        if op == Average:
-            np.divide(array, self.size, out=array, casting="unsafe")
-        return array
-
-    def allreduce_into(self, send, recv, op=Sum):
-        """Reduces contiguous `send` across the group into `recv` (same shape)."""
-        if op == Average:
-            raise ValueError("allreduce_into sums; divide the result, or use allreduce_.")
-        if self._comm is None:
-            np.copyto(recv, send)
-        else:
-            mpi_op = _mpi_op(op)
-            with self.lock, Deadline.guard("allreduce"):
-                self._comm.Allreduce(send, recv, op=mpi_op)
-        return recv
-
-    def allreduce_op_(self, array, mpi_op, datatype):
-        """In-place allreduce with a user-defined MPI operation and datatype."""
-        if self._comm is None:
-            return array
-        mpi = _mpi()
-        with self.lock, Deadline.guard("allreduce"):
-            self._comm.Allreduce(mpi.IN_PLACE, [array, datatype], op=mpi_op)
-        return array
-
-    def bcast_(self, array, root=0):
-        """Broadcasts a contiguous numpy array in place from `root`."""
-        if self._comm is not None:
-            with self.lock, Deadline.guard("bcast"):
-                self._comm.Bcast(array, root=root)
-        return array
-
-    def allgather_rows(self, array):
-        """Concatenates arrays along axis 0; the first dimension may differ by rank."""
-        if np.ndim(array) == 0:
-            raise ValueError("allgather needs arrays of at least one dimension; got a scalar.")
-        array = np.ascontiguousarray(array)
-        if self._comm is None:
-            return array.copy()
-        shapes = self.allgather_object((array.shape, array.dtype.str))
-        for other_rank, (shape, dtype) in enumerate(shapes):
-            if shape[1:] != array.shape[1:] or dtype != array.dtype.str:
-                raise ValueError(
-                    f"allgather: rank {self.rank} has shape {array.shape} ({array.dtype}) but "
-                    f"rank {other_rank} has {shape} ({np.dtype(dtype)}); only the first "
-                    "dimension may differ between ranks."
-                )
-        row_bytes = array.dtype.itemsize * int(np.prod(array.shape[1:], dtype=np.int64))
-        counts = [shape[0] * row_bytes for shape, _ in shapes]
-        displs = [0] + list(np.cumsum(counts)[:-1])
-        out = np.empty((sum(s[0] for s, _ in shapes),) + array.shape[1:], dtype=array.dtype)
-        MPI = _mpi()
-        with self.lock, Deadline.guard("allgatherv"):
-            self._comm.Allgatherv(
-                [array.reshape(-1).view(np.uint8), MPI.BYTE],
-                [out.reshape(-1).view(np.uint8), counts, [int(d) for d in displs], MPI.BYTE],
-            )
-        return out
-
-    def allgather_object(self, obj):
-        """Gathers one picklable object from every rank, in rank order."""
-        if self._comm is None:
-            return [obj]
-        with self.lock, Deadline.guard("allgather"):
-            return self._comm.allgather(obj)
-
-    def bcast_object(self, obj, root=0):
-        if self._comm is None:
-            return obj
-        with self.lock, Deadline.guard("bcast"):
-            return self._comm.bcast(obj, root=root)
-
-    def abort(self, code=1):
-        if self._comm is not None:
-            self._comm.Abort(code)
-        os._exit(code)
-
-
 class _World:
     """Process-wide state filled in by `init()`."""
 
@@ -191,6 +58,8 @@ class _World:
         self.world = None
         self.local = None
         self.cross = None
+        self.watch = None
+        self.thread_level = None
         self.lock = threading.Lock()
 
 
@@ -201,12 +70,6 @@ def _mpi():
     from mpi4py import MPI
 
     return MPI
-
-
-def _mpi_op(op):
-    """The MPI reduction for a kdist op name (an average is a sum, divided afterwards)."""
-    MPI = _mpi()
-    return {Sum: MPI.SUM, Average: MPI.SUM, Min: MPI.MIN, Max: MPI.MAX, Product: MPI.PROD}[op]
 
 
 def _import_mpi():
@@ -225,13 +88,15 @@ def _import_mpi():
     return MPI
 
 
-def init(comm=None):
+def init(comm=None, process_sets=None):
     """Starts kdist on this process. Safe to call more than once.
 
     Args:
         comm: optional `mpi4py.MPI.Comm` (or a list of world ranks) to use as
             the world instead of `MPI.COMM_WORLD`, for programs that run kdist
             on a subset of their processes.
+        process_sets: `kdist.ProcessSet`s to register (see
+            `kdist.add_process_set`); every rank passes the same list.
 
     Example:
 
@@ -247,6 +112,8 @@ def init(comm=None):
                     "kdist is already initialised (collectives and kdist.precision.enable "
                     "start it implicitly), so init(comm=...) cannot "
                     "change its world now. Call kdist.init(comm=...) first.")
+            if process_sets:
+                _register(process_sets)
             return
         mpi_comm = None
         if comm is not None or launched_by_mpi():
@@ -266,6 +133,9 @@ def init(comm=None):
                 mpi_comm = comm
             if comm is None:
                 _check_not_a_lonely_task(mpi_comm.Get_size())
+            _state.thread_level = _check_thread_level()
+            # kdist's own copy: its messages never match a script's own MPI traffic.
+            mpi_comm = mpi_comm.Dup()
         world = Communicator(mpi_comm)
         if mpi_comm is None:
             local = Communicator(None)
@@ -274,18 +144,31 @@ def init(comm=None):
             MPI = _mpi()
             local = Communicator(mpi_comm.Split_type(MPI.COMM_TYPE_SHARED, key=world.rank))
             cross = Communicator(mpi_comm.Split(local.rank, world.rank))
+            if _state.thread_level == MPI.THREAD_MULTIPLE and world.size > 1:
+                _state.watch = mpi_comm.Dup()
         _state.world, _state.local, _state.cross = world, local, cross
         _state.initialized = True
     from kdist.comm import watchdog
 
     watchdog.install_failure_handlers()
     _configure_logging()
+    if world.size > 1:
+        watchdog.start_monitor(world, _state.watch)
     from kdist.comm import devices
 
     devices.configure(local)
+    if process_sets:
+        _register(process_sets)
     if world.size > 1:
         logger.debug("kdist started: rank %d of %d (local %d of %d)",
                      world.rank, world.size, local.rank, local.size)
+
+
+def _register(process_sets):
+    from kdist.comm import process_sets as sets
+
+    for process_set in process_sets:
+        sets.add_process_set(process_set)
 
 
 def _check_not_a_lonely_task(world_size, environ=None):
@@ -303,15 +186,47 @@ def _check_not_a_lonely_task(world_size, environ=None):
             "plugin your site documents), or use `mpiexec` inside the allocation.")
 
 
+def _check_thread_level():
+    """Checks that MPI accepts calls from TensorFlow's threads; returns the level.
+
+    kdist's collectives run on whichever thread TensorFlow picks and its
+    watchdog asks the other ranks from a thread of its own, so it wants
+    `MPI_THREAD_MULTIPLE`. With `MPI_THREAD_SERIALIZED` it still works (one
+    collective at a time) but cannot name stalled ranks.
+    """
+    MPI = _mpi()
+    level = MPI.Query_thread()
+    if level == MPI.THREAD_MULTIPLE:
+        return level
+    names = {MPI.THREAD_SINGLE: "MPI_THREAD_SINGLE", MPI.THREAD_FUNNELED: "MPI_THREAD_FUNNELED",
+             MPI.THREAD_SERIALIZED: "MPI_THREAD_SERIALIZED"}
+    if level == MPI.THREAD_SERIALIZED:
+        logger.warning("MPI was started with MPI_THREAD_SERIALIZED; kdist works, but its "
+                       "watchdog cannot ask other ranks what they are doing. Import kdist "
+                       "before mpi4py.MPI, or set mpi4py.rc.thread_level = 'multiple'.")
+        return level
+    raise RuntimeError(
+        f"MPI was started with {names.get(level, level)}, but kdist calls MPI from "
+        "TensorFlow's threads and needs MPI_THREAD_MULTIPLE (or at least SERIALIZED). "
+        "Import kdist before mpi4py.MPI, or set mpi4py.rc.thread_level = 'multiple' before "
+        "importing mpi4py.MPI; if your MPI library cannot provide it, rebuild it with thread "
+        "support.")
+
+
 def shutdown():
     """Releases kdist's communicators. `init()` may be called again afterwards."""
+    from kdist.comm import watchdog
+
+    watchdog.stop_monitor()
     with _state.lock:
         if not _state.initialized:
             return
-        for comm in (_state.cross, _state.local):
-            if comm is not None and comm.mpi is not None:
-                comm.mpi.Free()
-        _state.world = _state.local = _state.cross = None
+        for comm in (_state.cross, _state.local, _state.world):
+            if comm is not None:
+                comm.free()
+        if _state.watch is not None:
+            _state.watch.Free()
+        _state.world = _state.local = _state.cross = _state.watch = None
         _state.initialized = False
 
 
@@ -379,6 +294,15 @@ def mpi_threads_supported():
         return False
     MPI = _mpi()
     return MPI.Query_thread() == MPI.THREAD_MULTIPLE
+
+
+def mpi_built():
+    """True when kdist can run over MPI here (mpi4py and an MPI library are installed)."""
+    try:
+        from mpi4py import MPI  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 class _RankFilter(logging.Filter):

@@ -1,22 +1,20 @@
-"""Reduces a list of TensorFlow tensors across ranks, eagerly or inside `tf.function`.
+"""Reduces a list of TensorFlow tensors across ranks: the data-parallel step's collective.
 
 Both `AllreduceOptimizer` and `kdist.distribute.MPIStrategy` hand their
-gradients here, so the data-parallel step has one implementation: float32
-tensors travel in fused buckets through kdist's C++ op when it is available
-(otherwise a py-function around `FusedReducer`); other dtypes take one
-collective each.
+gradients here, so the data-parallel step has one implementation: floating
+tensors travel in fused buckets (one collective per bucket; inside it, small
+tensors packed together and large ones reduced in place), through kdist's
+C++ op when it is available; the compression mode decides the bytes on the
+wire. It works eagerly, in graphs and under XLA.
 """
 
-import functools
 import logging
 
 import numpy as np
 
 from kdist.comm import compression as compression_lib
-from kdist.comm import fusion
 from kdist.comm import processes
-from kdist.comm.collectives import allreduce
-from kdist.comm.processes import Average, Sum
+from kdist.comm.fusion import DEFAULT_BUCKET_BYTES, plan_buckets
 
 logger = logging.getLogger(__name__)
 
@@ -30,12 +28,15 @@ class TensorReducer:
 
     Args:
         comm: the `Communicator` (the world by default).
-        compression: a `Compression` mode, applied to float32 buckets.
+        compression: a `Compression` mode, applied to floating tensors.
         average: divide by the number of contributing ranks (else sum).
         bucket_bytes: most bytes per fused collective.
         num_groups: if positive, split each list into about this many
             collectives of equal size instead.
-        name: used in log messages.
+        groups: explicit buckets: a list of lists of tensor indices, each
+            reduced in one collective; tensors in no list travel alone.
+        prescale, postscale: results are `reduce(t * prescale) * postscale`.
+        name: used in log messages and in error reports.
 
     Example:
 
@@ -46,7 +47,8 @@ class TensorReducer:
     """
 
     def __init__(self, comm=None, compression=None, average=True,
-                 bucket_bytes=fusion.DEFAULT_BUCKET_BYTES, num_groups=0, name="kdist"):
+                 bucket_bytes=DEFAULT_BUCKET_BYTES, num_groups=0, groups=None, prescale=1.0,
+                 postscale=1.0, name="kdist"):
         if int(bucket_bytes) <= 0:
             raise ValueError(f"bucket_bytes must be positive; got {bucket_bytes}.")
         if int(num_groups or 0) < 0:
@@ -56,8 +58,11 @@ class TensorReducer:
         self.average = bool(average)
         self.bucket_bytes = int(bucket_bytes)
         self.num_groups = int(num_groups or 0)
+        self.groups = None if groups is None else [sorted(int(i) for i in g) for g in groups]
+        self.prescale = float(prescale)
+        self.postscale = float(postscale)
         self.name = name
-        self._plans = {}  # signature -> (FusedReducer, buckets)
+        self._plans = {}  # signature -> list of buckets (lists of indices)
 
     @property
     def comm(self):
@@ -65,90 +70,59 @@ class TensorReducer:
 
     def __call__(self, tensors):
         """Returns the reduced tensors; None entries stay None."""
-        comm = self.comm
-        tensors = list(tensors)
-        if comm.size == 1:
-            return tensors
         import tensorflow as tf
 
-        reduced = list(tensors)
+        from kdist.comm import graph_ops
+
+        comm = self.comm
+        tensors = list(tensors)
+        if comm.size == 1 and self.prescale * self.postscale == 1.0:
+            return tensors
         present = [i for i, t in enumerate(tensors) if t is not None]
-        dense = {i: _dense(tensors[i]) for i in present}
-        fused = [i for i in present if dense[i].dtype in (tf.float32, tf.float16, tf.bfloat16)]
+        dense = {i: tf.convert_to_tensor(tensors[i]) for i in present}
+        reduced = list(tensors)
         for i in present:
-            if i in fused:
-                continue
-            reduced[i] = allreduce(dense[i], op=Average if self.average else Sum, comm=comm,
-                                   name=f"{self.name}_allreduce")
-        if fused:
-            results = self._reduce_floats([dense[i] for i in fused])
-            for i, result in zip(fused, results):
+            if not dense[i].dtype.is_floating:
+                reduced[i] = graph_ops.allreduce([dense[i]], comm, op="sum",
+                                                 label=f"{self.name}, integer tensor")[0]
+        floating = [i for i in present if dense[i].dtype.is_floating]
+        for number, bucket in enumerate(self._plan(floating, dense)):
+            members = [dense[i] for i in bucket]
+            for t in members:
+                if not t.shape.is_fully_defined():
+                    raise ValueError(f"{self.name}: cannot reduce a tensor of unknown shape "
+                                     f"{t.shape}.")
+            results = self.compression.reduce(
+                members, comm, self.average, self.prescale, self.postscale,
+                label=f"{self.name}, bucket {number}", key=(id(self), number))
+            for i, result in zip(bucket, results):
                 reduced[i] = result
         return reduced
 
-    def _plan(self, tensors):
-        signature = tuple((tuple(t.shape.as_list()), t.dtype.name) for t in tensors)
+    def _plan(self, indices, dense):
+        signature = tuple((i, tuple(dense[i].shape.as_list()), dense[i].dtype.name)
+                          for i in indices)
         plan = self._plans.get(signature)
-        if plan is None:
-            sizes = [int(np.prod(t.shape)) for t in tensors]
-            bucket_bytes = self.bucket_bytes
-            if self.num_groups:
-                bucket_bytes = max(1, -(-4 * sum(sizes) // self.num_groups))
-            reducer = fusion.FusedReducer(self.comm, self.compression, average=self.average)
-            plan = self._plans[signature] = (reducer, fusion.plan_buckets(sizes, bucket_bytes))
-            logger.debug("%s: %d tensors in %d bucket(s), %.1f MB", self.name, len(sizes),
-                         len(plan[1]), 4e-6 * sum(sizes))
+        if plan is not None:
+            return plan
+        if self.groups is not None:
+            chosen = set(indices)
+            plan = [[i for i in group if i in chosen] for group in self.groups]
+            grouped = {i for group in plan for i in group}
+            plan = [g for g in plan if g] + [[i] for i in indices if i not in grouped]
+        else:
+            plan = []
+            by_dtype = {}
+            for i in indices:
+                by_dtype.setdefault(dense[i].dtype, []).append(i)
+            for members in by_dtype.values():
+                sizes = [int(np.prod(dense[i].shape)) for i in members]
+                itemsize = members and dense[members[0]].dtype.size
+                bucket_bytes = self.bucket_bytes
+                if self.num_groups:
+                    bucket_bytes = max(1, -(-itemsize * sum(sizes) // self.num_groups))
+                plan += [members[start:stop] for start, stop in
+                         plan_buckets(sizes, bucket_bytes, itemsize=itemsize)]
+        self._plans[signature] = plan
+        logger.debug("%s: %d tensors in %d bucket(s)", self.name, len(indices), len(plan))
         return plan
-
-    @property
-    def fused_reducers(self):
-        """The `FusedReducer`s planned so far (one per list signature)."""
-        return [reducer for reducer, _ in self._plans.values()]
-
-    def _reduce_floats(self, tensors):
-        import tensorflow as tf
-
-        for t in tensors:
-            if not t.shape.is_fully_defined():
-                raise ValueError(f"{self.name}: cannot reduce a tensor of unknown shape {t.shape}.")
-        reducer, buckets = self._plan(tensors)
-        native_op = self._native_op(tensors)
-        reduced = []
-        for bucket, (start, stop) in enumerate(buckets):
-            members = tensors[start:stop]
-            if native_op is not None:
-                # Same protocol as FusedReducer, run in C++; the reducer keeps
-                # the layout so that a joined rank can mirror it.
-                reducer.plan(bucket, [np.empty(t.shape, np.float32) for t in members])
-                reduced += native_op.kdist_allreduce(
-                    members, comm=self.comm.fortran_handle, average=self.average,
-                    direct_bytes=reducer.direct_bytes)
-                continue
-            results = tf.numpy_function(
-                functools.partial(_reduce_bucket, reducer, bucket), members,
-                [tf.float32] * len(members), stateful=True, name=f"{self.name}_fused_allreduce")
-            for result, t in zip(results, members):
-                result.set_shape(t.shape)
-                reduced.append(result if t.dtype == tf.float32 else tf.cast(result, t.dtype))
-        return reduced
-
-    def _native_op(self, tensors):
-        """kdist's C++ allreduce op when it can do this job, else None."""
-        if self.compression.name != "none" or self.comm.mpi is None:
-            return None
-        if any(t.dtype != "float32" for t in tensors):
-            return None
-        from kdist.comm import native
-
-        return native.load()
-
-
-def _reduce_bucket(reducer, bucket, *arrays):
-    return reducer.reduce(bucket, arrays)
-
-
-def _dense(tensor):
-    import tensorflow as tf
-
-    # IndexedSlices (embedding gradients) become dense: one fused layout per step.
-    return tf.convert_to_tensor(tensor)

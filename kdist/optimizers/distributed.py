@@ -10,6 +10,7 @@ from kdist.comm import compression as compression_lib
 from kdist.comm import fusion
 from kdist.comm import processes
 from kdist.comm import tensors
+from kdist.distribute import consistency
 
 logger = logging.getLogger(__name__)
 
@@ -138,6 +139,10 @@ class AllreduceOptimizer(keras.optimizers.Optimizer):
             with keras.name_scope(self.name, caller=self):
                 self.build(trainable_variables or self._trainable_variables)
             self.built = True
+        # Before the first update: deferred broadcasts of models built in this
+        # step, then a check that every rank starts from the same weights.
+        consistency.first_update(self, trainable_variables or self._trainable_variables,
+                                 self.comm, exclude=getattr(self, "_local_refs", ()))
         grads = list(grads)
         upstream = self._upstream or _strategy_reduces()
         reduce = (lambda g: g) if upstream else self.allreduce_gradients

@@ -50,5 +50,44 @@ try:
     kdist.allgather(np.zeros((1, r + 1)))
 except ValueError as error:
     out["allgather_error"] = str(error)
+try:
+    kdist.allreduce(tf.ones([3 + r]))
+except Exception as error:  # noqa: BLE001  (raised from inside a TensorFlow op)
+    out["allreduce_error"] = str(error)
+
+# Horovod's other collectives.
+out["prescaled"] = kdist.allreduce(value, op=kdist.Sum, prescale_factor=2.0,
+                                   postscale_factor=0.5).tolist()
+out["grouped"] = [t.numpy().tolist() for t in kdist.grouped_allreduce(
+    [tf.constant([float(r)]), tf.constant([[1.0, 2.0]]), tf.constant([r], tf.int32)],
+    op=kdist.Sum)]
+out["reducescatter"] = kdist.reducescatter(
+    tf.constant(np.arange(2 * n + 1, dtype=np.float32) * (r + 1)), op=kdist.Sum).numpy().tolist()
+# r + n rows: r + 1 to rank 0, one to every other rank.
+received, counts = kdist.alltoall(np.full((r + n, 1), r, dtype=np.int64),
+                                  splits=[r + 1] + [1] * (n - 1))
+out["alltoall"], out["alltoall_counts"] = received.ravel().tolist(), counts.tolist()
+
+x = tf.Variable([1.0 + r, 2.0])
+with tf.GradientTape(persistent=True) as tape:
+    total = tf.reduce_sum(kdist.allreduce(x * x, op=kdist.Sum))
+    gathered_sum = tf.reduce_sum(kdist.allgather(x) * float(r + 1))
+    from_root = tf.reduce_sum(kdist.broadcast(x, root_rank=0) * 3.0)
+out["grad_allreduce"] = tape.gradient(total, x).numpy().tolist()
+out["grad_allgather"] = tape.gradient(gathered_sum, x).numpy().tolist()
+out["grad_broadcast"] = tape.gradient(from_root, x).numpy().tolist()
+
+evens = kdist.add_process_set([k for k in range(n) if k % 2 == 0])
+out["process_set"] = [evens.size(), evens.rank(), evens.included()]
+if evens.included():
+    out["process_set_sum"] = kdist.allreduce(np.array([float(r)]), op=kdist.Sum,
+                                             process_set=evens).tolist()
+else:
+    try:
+        kdist.allreduce(np.ones(1), process_set=evens)
+    except ValueError as error:
+        out["process_set_error"] = str(error)
+out["removed"] = kdist.remove_process_set(evens)
+out["homogeneous"] = kdist.is_homogeneous()
 out["last_joined"] = kdist.join()
 report(out)

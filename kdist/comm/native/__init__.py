@@ -1,15 +1,23 @@
-"""A TensorFlow op that allreduces gradients in C++, built on first use.
+"""kdist's C++ collectives: TensorFlow ops and their XLA lowerings, built on first use.
 
 Calling MPI from a py-function op costs a trip through Python and the GIL in
-every step. `KdistAllreduce` does the same work (and speaks the same protocol
-as `FusedReducer` without compression, so `join` still works) inside the
-graph. It is compiled once per TensorFlow and MPI installation with the MPI
-C++ compiler wrapper (`mpicxx`) into a cache directory (`KDIST_CACHE`, by
-default `~/.cache/kdist`). When that is not possible (no compiler, no MPI
-headers, another MPI library than mpi4py's) kdist says why once and uses the
-py-function path. `KDIST_NATIVE_OPS=0` turns it off.
+every step, and XLA cannot compile a py-function at all. `KdistAllreduce`,
+`KdistAllgather` and `KdistBroadcast` run kdist's collective engine
+(engine.cc, the same wire protocol as `kdist.comm.protocol`) inside the
+graph; xla.cc lowers them to XLA custom calls, so a train step compiled with
+`jit_compile=True` keeps its collectives.
+
+Both libraries are compiled once per TensorFlow and MPI installation with the
+MPI C++ compiler wrapper (`mpicxx`) into a cache directory (`KDIST_CACHE`, by
+default `~/.cache/kdist`): the ops (about 15 s) when a collective first runs
+in a graph, the XLA lowering (about a minute; XLA's headers are large) when a
+function compiled with XLA first uses one. When the ops cannot be built (no
+compiler, no MPI headers, another MPI library than mpi4py's) kdist says why
+once and uses py-function ops, which XLA cannot compile. `KDIST_NATIVE_OPS=0`
+turns the native ops off.
 """
 
+import ctypes
 import fcntl
 import hashlib
 import logging
@@ -18,13 +26,23 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import threading
+import time
 
 logger = logging.getLogger(__name__)
 
-SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "allreduce_op.cc")
+HERE = os.path.dirname(os.path.abspath(__file__))
+OPS_SOURCES = ("engine.h", "engine.cc", "ops.cc")
+XLA_SOURCES = ("xla.cc", "shim/farmhash.h", "shim/highwayhash/arch_specific.h",
+               "shim/highwayhash/hh_types.h", "shim/highwayhash/highwayhash.h")
 
-_loaded = None
-_failure = None
+_lock = threading.Lock()
+_ops = None
+_ops_failure = None
+_ops_library = None
+_xla_loaded = False
+_xla_failure = None
+_wait_reader = None
 
 
 def _mpicxx():
@@ -39,61 +57,145 @@ def _cache_dir():
                                                          "kdist")
 
 
-def _build(tf):
+def _key(tf, compiler, flags, sources):
+    digest = hashlib.sha256()
+    for name in sources:
+        with open(os.path.join(HERE, name), "rb") as f:
+            digest.update(f.read())
+    for part in (tf.__version__, compiler, " ".join(flags), sysconfig.get_platform()):
+        digest.update(part.encode() + b"\0")
+    return digest.hexdigest()[:16]
+
+
+def _compile(library, command, what):
+    """Runs `command` (which writes `partial`) unless `library` exists; one rank builds."""
+    os.makedirs(os.path.dirname(library), exist_ok=True)
+    with open(library + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if os.path.exists(library):
+            return
+        partial = f"{library}.{os.getpid()}.partial"
+        logger.info("building %s (once per installation)", what)
+        started = time.monotonic()
+        done = subprocess.run(command + ["-o", partial], capture_output=True, text=True,
+                              timeout=1800, cwd=HERE)
+        if done.returncode != 0:
+            raise RuntimeError(f"compiling {what} failed:\n" + done.stderr[-3000:])
+        os.replace(partial, library)
+        logger.info("built %s in %.0f s", what, time.monotonic() - started)
+
+
+def _tf_flags(tf):
+    return tf.sysconfig.get_compile_flags() + tf.sysconfig.get_link_flags()
+
+
+def _build_ops(tf):
     compiler = _mpicxx()
     if compiler is None:
         raise RuntimeError("no MPI C++ compiler wrapper (mpicxx) found")
-    flags = tf.sysconfig.get_compile_flags() + tf.sysconfig.get_link_flags()
-    with open(SOURCE, "rb") as f:
-        source = f.read()
-    key = hashlib.sha256(b"\0".join([source, tf.__version__.encode(), compiler.encode(),
-                                     " ".join(flags).encode(),
-                                     sysconfig.get_platform().encode()])).hexdigest()[:16]
-    directory = os.path.join(_cache_dir(), "ops")
-    os.makedirs(directory, exist_ok=True)
-    library = os.path.join(directory, f"kdist_allreduce_{key}.so")
-    # Several ranks may start at once: one builds, the others wait for it.
-    with open(library + ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not os.path.exists(library):
-            partial = f"{library}.{os.getpid()}.partial"
-            command = [compiler, "-O3", "-shared", "-fPIC", "-w", SOURCE, "-o", partial] + flags
-            logger.info("building kdist's allreduce op (once per installation)")
-            done = subprocess.run(command, capture_output=True, text=True, timeout=600)
-            if done.returncode != 0:
-                raise RuntimeError("compiling the allreduce op failed:\n" + done.stderr[-2000:])
-            os.replace(partial, library)
+    flags = _tf_flags(tf)
+    key = _key(tf, compiler, flags, OPS_SOURCES)
+    name = f"libkdist_ops_{key}.so"
+    library = os.path.join(_cache_dir(), "ops", name)
+    _compile(library, [compiler, "-O3", "-shared", "-fPIC", "-w", "engine.cc", "ops.cc",
+                       f"-Wl,-soname,{name}"] + flags, "kdist's collective ops")
+    return library
+
+
+def _build_xla(tf, ops_library):
+    compiler = _mpicxx()
+    flags = _tf_flags(tf)
+    key = _key(tf, compiler, flags + [ops_library], XLA_SOURCES + OPS_SOURCES)
+    library = os.path.join(_cache_dir(), "ops", f"libkdist_xla_{key}.so")
+    tf_dir = os.path.dirname(tf.__file__)
+    _compile(library, [compiler, "-O1", "-shared", "-fPIC", "-w", "-Ishim", "xla.cc",
+                       ops_library, f"-Wl,-rpath,{os.path.dirname(ops_library)}"] + flags
+             + [f"-L{tf_dir}", "-l:libtensorflow_cc.so.2"], "kdist's XLA lowering")
     return library
 
 
 def load():
-    """The loaded op module, or None when the native op cannot be used here."""
-    global _loaded, _failure
-    if _loaded is not None or _failure is not None:
-        return _loaded
-    if os.environ.get("KDIST_NATIVE_OPS", "1") in ("0", "false", "no"):
-        _failure = "disabled by KDIST_NATIVE_OPS"
-        return None
-    import tensorflow as tf
+    """The loaded op module, or None when the native ops cannot be used here."""
+    global _ops, _ops_failure, _ops_library
+    if _ops is not None or _ops_failure is not None:
+        return _ops
+    with _lock:
+        if _ops is not None or _ops_failure is not None:
+            return _ops
+        if os.environ.get("KDIST_NATIVE_OPS", "1").lower() in ("0", "false", "no"):
+            _ops_failure = "disabled by KDIST_NATIVE_OPS"
+            return None
+        import tensorflow as tf
 
-    try:
-        library = _build(tf)
-        from mpi4py import MPI
+        try:
+            library = _build_ops(tf)
+            from mpi4py import MPI
 
-        module = tf.load_op_library(library)
-        with tf.init_scope():  # load() may be called while a train step is traced
-            built_for = module.kdist_mpi_library().numpy().decode()
-        if built_for.strip() != MPI.Get_library_version().strip():
-            raise RuntimeError(f"the op was built for {built_for.splitlines()[0]!r} but "
-                               f"mpi4py uses {MPI.Get_library_version().splitlines()[0]!r}")
-        _loaded = module
-    except Exception as error:  # any failure here only costs speed
-        _failure = str(error)
-        logger.warning("kdist's C++ allreduce op is not available (%s); using the "
-                       "py-function path, which is slower.", _failure.splitlines()[0])
-    return _loaded
+            module = tf.load_op_library(library)
+            with tf.init_scope():  # load() may be called while a train step is traced
+                built_for = module.kdist_mpi_library().numpy().decode()
+            if built_for.strip() != MPI.Get_library_version().strip():
+                raise RuntimeError(f"the ops were built for {built_for.splitlines()[0]!r} but "
+                                   f"mpi4py uses {MPI.Get_library_version().splitlines()[0]!r}")
+            _ops, _ops_library = module, library
+        except Exception as error:  # any failure here only costs speed
+            _ops_failure = str(error)
+            logger.warning("kdist's C++ collectives are not available (%s); using py-function "
+                           "ops, which are slower and cannot run under XLA.",
+                           _ops_failure.splitlines()[0])
+    return _ops
+
+
+def load_xla():
+    """Makes the native ops compilable by XLA; raises when that is impossible here."""
+    global _xla_loaded, _xla_failure
+    if _xla_loaded:
+        return
+    if load() is None:
+        raise RuntimeError(
+            "kdist's collectives cannot run inside a function compiled with XLA here: its "
+            f"C++ ops are not available ({_ops_failure}). Compile the model with "
+            "jit_compile=False, or install an MPI C++ compiler (mpicxx).")
+    with _lock:
+        if _xla_loaded:
+            return
+        if _xla_failure is None:
+            import tensorflow as tf
+
+            try:
+                tf.load_op_library(_build_xla(tf, _ops_library))
+                _xla_loaded = True
+                return
+            except Exception as error:
+                _xla_failure = str(error)
+        raise RuntimeError(
+            "kdist could not build its XLA lowering, so its collectives cannot run inside a "
+            "function compiled with XLA. Compile the model with jit_compile=False. Reason: "
+            + _xla_failure)
 
 
 def failure():
-    """Why the native op is not used, or None."""
-    return _failure
+    """Why the native ops are not used, or None."""
+    return _ops_failure
+
+
+def library_path():
+    return _ops_library
+
+
+def current_wait():
+    """`(description, seconds)` while a C++ collective waits in this process, else None."""
+    global _wait_reader
+    if _ops_library is None:
+        return None
+    if _wait_reader is None:
+        function = ctypes.CDLL(_ops_library).kdist_native_wait
+        function.restype = ctypes.c_int64
+        function.argtypes = [ctypes.c_char_p, ctypes.c_int64]
+        _wait_reader = function
+    text = ctypes.create_string_buffer(512)
+    since = _wait_reader(text, 512)
+    if since == 0:
+        return None
+    seconds = time.clock_gettime_ns(time.CLOCK_MONOTONIC) - since
+    return text.value.decode(errors="replace"), seconds / 1e9

@@ -1,0 +1,298 @@
+"""`Communicator`: a group of processes that run collectives together.
+
+Every collective follows kdist's wire protocol (`kdist.comm.protocol`): it is
+announced first, so ranks that disagree fail with one clear message and ranks
+that have joined can take part in whatever the others run.
+"""
+
+import threading
+
+import numpy as np
+
+from kdist.comm import protocol
+from kdist.comm import watchdog
+
+Average = "average"
+Sum = "sum"
+Min = "min"
+Max = "max"
+Product = "product"
+Adasum = "adasum"
+REDUCE_OPS = (Average, Sum, Min, Max, Product)
+_PROTOCOL_OPS = {Average: protocol.SUM, Sum: protocol.SUM, Min: protocol.MIN,
+                 Max: protocol.MAX, Product: protocol.PRODUCT}
+
+
+def reduce_op(op):
+    """Checks a reduction name (numpy strings and Horovod's spellings too)."""
+    name = str(op).lower() if op is not None else Average
+    if name == Adasum:
+        raise ValueError("Adasum is not available in kdist; use op=kdist.Average (the default) "
+                         "or kdist.Sum.")
+    if name not in REDUCE_OPS:
+        raise ValueError(f"Unknown reduction op {op!r}; use one of kdist.Average, kdist.Sum, "
+                         "kdist.Min, kdist.Max, kdist.Product.")
+    return name
+
+
+def protocol_op(op):
+    return _PROTOCOL_OPS[reduce_op(op)]
+
+
+class Communicator:
+    """A group of processes that run collectives together.
+
+    Wraps an `mpi4py.MPI.Comm`, or nothing for a world of one process. All
+    methods take and return numpy arrays; `kdist.comm.collectives` adds the
+    TensorFlow side. Every rank of the group must call each collective, in
+    the same order.
+    """
+
+    def __init__(self, mpi_comm=None):
+        self._comm = mpi_comm
+        self.rank = 0 if mpi_comm is None else mpi_comm.Get_rank()
+        self.size = 1 if mpi_comm is None else mpi_comm.Get_size()
+        # One collective at a time per communicator: TensorFlow may run two
+        # py-function ops on different threads.
+        self.lock = threading.RLock()
+
+    @property
+    def mpi(self):
+        """The underlying `mpi4py.MPI.Comm`, or None in a world of one."""
+        return self._comm
+
+    @property
+    def fortran_handle(self):
+        """The communicator's MPI Fortran handle, which C and C++ code can convert back."""
+        return None if self._comm is None else self._comm.py2f()
+
+    def split(self, color, key=None):
+        """Returns the sub-communicator of the ranks that passed the same color."""
+        if self._comm is None:
+            return Communicator(None)
+        with self.lock:
+            return Communicator(self._comm.Split(int(color),
+                                                 self.rank if key is None else int(key)))
+
+    def create(self, ranks):
+        """The communicator of `ranks` (every rank of this group must call it), or None
+        on ranks that are not among them."""
+        if self._comm is None:
+            return Communicator(None)
+        with self.lock:
+            group = self._comm.Get_group().Incl([int(r) for r in ranks])
+            created = self._comm.Create(group)
+            group.Free()
+        from mpi4py import MPI
+
+        return None if created == MPI.COMM_NULL else Communicator(created)
+
+    def shrink(self):
+        """The communicator of the ranks still alive (Open MPI with `--with-ft ulfm`).
+
+        Every surviving rank must call it. Without failures it is a copy.
+        """
+        if self._comm is None:
+            return Communicator(None)
+        return Communicator(self._comm.Shrink())
+
+    def free(self):
+        if self._comm is not None:
+            self._comm.Free()
+            self._comm = None
+
+    # -- collectives ---------------------------------------------------------------
+
+    def _announce(self, kind, dtype=0, op=0, count=0, root=0, label=""):
+        protocol.announce(self._comm, kind, dtype, op, count, root,
+                          protocol.describe(kind, dtype, op, count, root, label))
+
+    def barrier(self):
+        if self._comm is None:
+            return
+        with self.lock:
+            self._announce(protocol.BARRIER)
+            with watchdog.waiting("barrier"):
+                self._comm.Barrier()
+
+    def allreduce_(self, array, op=Sum, label=""):
+        """Reduces a contiguous numpy array in place across the group.
+
+        `Average` divides by the number of ranks that contributed: ranks that
+        have joined (`kdist.join`) are not counted.
+        """
+        op = reduce_op(op)
+        if not array.flags.c_contiguous:
+            raise ValueError("allreduce_ works in place on C-contiguous arrays; pass "
+                             "numpy.ascontiguousarray(array).")
+        if self._comm is None:
+            return array
+        if op == Average:
+            if array.dtype.kind != "f" and array.dtype.name != "bfloat16":
+                raise TypeError(f"Averaging needs floating values; got {array.dtype}. "
+                                "Use op=kdist.Sum, or convert to float first.")
+            result = self.allreduce_many([array], average=True, label=label)[0]
+            np.copyto(array, result.reshape(array.shape))
+            return array
+        self._allreduce_flat(array.reshape(-1), protocol_op(op), label)
+        return array
+
+    def _allreduce_flat(self, flat, op, label):
+        dtype = protocol.dtype_code(flat.dtype)
+        with self.lock:
+            self._announce(protocol.ALLREDUCE, dtype, op, flat.size, label=label)
+            with watchdog.waiting(protocol.describe(protocol.ALLREDUCE, dtype, op, flat.size,
+                                                    label=label)):
+                self._comm.Allreduce(_mpi().IN_PLACE,
+                                     [flat, protocol.mpi_datatype(flat.dtype)],
+                                     op=protocol.mpi_op(flat.dtype, op))
+
+    def allreduce_many(self, arrays, op=Sum, average=False, prescale=1.0, postscale=1.0,
+                       label=""):
+        """Reduces a list of arrays of one dtype in one collective.
+
+        Returns new arrays: `reduce(a * prescale) * postscale`, divided by the
+        number of contributing ranks with `average`.
+        """
+        arrays = [np.asarray(a) for a in arrays]
+        dtype = arrays[0].dtype if arrays else np.dtype(np.float32)
+        if any(a.dtype != dtype for a in arrays):
+            raise TypeError("allreduce_many needs arrays of one dtype; got "
+                            f"{sorted({a.dtype.name for a in arrays})}.")
+        scaled = (prescale != 1.0 or postscale != 1.0 or average)
+        if scaled and dtype.kind != "f" and dtype.name != "bfloat16":
+            raise TypeError(f"Averaging or scaling needs floating values; got {dtype}.")
+        sizes = [a.size for a in arrays]
+        packed = np.empty(sum(sizes) + (1 if average else 0), dtype=dtype)
+        offset = 0
+        for a, n in zip(arrays, sizes):
+            np.multiply(a.reshape(-1), prescale, out=packed[offset:offset + n],
+                        casting="unsafe")
+            offset += n
+        if average:
+            packed[-1] = 1
+        if self._comm is not None:
+            self._allreduce_flat(packed, protocol_op(op), label)
+        factor = postscale
+        if average:
+            contributors = float(packed[-1])
+            factor = postscale / contributors if contributors > 0 else postscale
+        if factor != 1.0:
+            packed = (packed.astype(np.float64) * factor).astype(dtype)
+        results, offset = [], 0
+        for a, n in zip(arrays, sizes):
+            results.append(packed[offset:offset + n].reshape(a.shape))
+            offset += n
+        return results
+
+    def bcast_(self, array, root=0, label=""):
+        """Broadcasts a contiguous numpy array in place from `root`."""
+        self._check_root(root)
+        if self._comm is None:
+            return array
+        flat = array.reshape(-1)
+        dtype = protocol.dtype_code(flat.dtype)
+        with self.lock:
+            self._announce(protocol.BROADCAST, dtype, 0, flat.size, root, label)
+            with watchdog.waiting(f"broadcast from rank {root}"):
+                self._comm.Bcast([flat, protocol.mpi_datatype(flat.dtype)], root=root)
+        return array
+
+    def allgather_rows(self, array, label=""):
+        """Concatenates arrays along axis 0; the first dimension may differ by rank."""
+        if np.ndim(array) == 0:
+            raise ValueError("allgather needs arrays of at least one dimension; got a scalar.")
+        array = np.ascontiguousarray(array)
+        if self._comm is None:
+            return array.copy()
+        row_elements = int(np.prod(array.shape[1:], dtype=np.int64))
+        dtype = protocol.dtype_code(array.dtype)
+        with self.lock:
+            self._announce(protocol.ALLGATHER, dtype, 0, row_elements, label=label)
+            with watchdog.waiting("allgather"):
+                counts = np.empty(self.size, dtype=np.int64)
+                self._comm.Allgather(np.array([array.shape[0]], dtype=np.int64), counts)
+                out = np.empty((int(counts.sum()),) + array.shape[1:], dtype=array.dtype)
+                row_bytes = array.dtype.itemsize * row_elements
+                _allgatherv_bytes(self._comm, array, out, counts * row_bytes)
+        return out
+
+    def alltoallv(self, array, splits, label=""):
+        """Sends `splits[i]` consecutive rows of `array` to rank i; returns the rows
+        received (in rank order) and how many came from each rank."""
+        array = np.ascontiguousarray(array)
+        splits = np.asarray(splits, dtype=np.int64).reshape(-1)
+        if splits.size != self.size or (splits < 0).any() or splits.sum() != array.shape[0]:
+            raise ValueError(f"alltoall: splits must give one non-negative row count per rank "
+                             f"({self.size}) adding up to the {array.shape[0]} rows of the "
+                             f"tensor; got {splits.tolist()}.")
+        if self._comm is None:
+            return array.copy(), splits.copy()
+        row_elements = int(np.prod(array.shape[1:], dtype=np.int64))
+        dtype = protocol.dtype_code(array.dtype)
+        with self.lock:
+            self._announce(protocol.ALLTOALL, dtype, 0, row_elements, label=label)
+            with watchdog.waiting("alltoall"):
+                received = np.empty(self.size, dtype=np.int64)
+                self._comm.Alltoall(splits, received)
+                out = np.empty((int(received.sum()),) + array.shape[1:], dtype=array.dtype)
+                row_bytes = array.dtype.itemsize * row_elements
+                _alltoallv_bytes(self._comm, array, splits * row_bytes, out,
+                                 received * row_bytes)
+        return out, received
+
+    def allgather_object(self, obj):
+        """Gathers one picklable object from every rank, in rank order."""
+        if self._comm is None:
+            return [obj]
+        with self.lock:
+            self._announce(protocol.OBJECT_ALLGATHER)
+            with watchdog.waiting("allgather_object"):
+                return self._comm.allgather(obj)
+
+    def bcast_object(self, obj, root=0):
+        self._check_root(root)
+        if self._comm is None:
+            return obj
+        with self.lock:
+            self._announce(protocol.OBJECT_BROADCAST, root=root)
+            with watchdog.waiting(f"broadcast_object from rank {root}"):
+                return self._comm.bcast(obj, root=root)
+
+    def _check_root(self, root):
+        if not isinstance(root, (int, np.integer)) or isinstance(root, bool):
+            raise TypeError(f"root_rank must be an integer rank; got {root!r}.")
+        if not 0 <= int(root) < self.size:
+            raise ValueError(f"root_rank={root} is not a rank of this group "
+                             f"(ranks 0 to {self.size - 1}).")
+
+    def abort(self, code=1):
+        if self._comm is not None:
+            self._comm.Abort(code)
+        import os
+
+        os._exit(code)
+
+
+def _mpi():
+    from mpi4py import MPI
+
+    return MPI
+
+
+def _allgatherv_bytes(raw, send, out, byte_counts):
+    MPI = _mpi()
+    offsets = np.concatenate([[0], np.cumsum(byte_counts)[:-1]])
+    raw.Allgatherv([send.reshape(-1).view(np.uint8), MPI.BYTE],
+                   [out.reshape(-1).view(np.uint8), byte_counts.tolist(), offsets.tolist(),
+                    MPI.BYTE])
+
+
+def _alltoallv_bytes(raw, send, send_bytes, out, receive_bytes):
+    MPI = _mpi()
+    send_offsets = np.concatenate([[0], np.cumsum(send_bytes)[:-1]])
+    receive_offsets = np.concatenate([[0], np.cumsum(receive_bytes)[:-1]])
+    raw.Alltoallv([send.reshape(-1).view(np.uint8), send_bytes.tolist(),
+                   send_offsets.tolist(), MPI.BYTE],
+                  [out.reshape(-1).view(np.uint8), receive_bytes.tolist(),
+                   receive_offsets.tolist(), MPI.BYTE])

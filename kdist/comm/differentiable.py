@@ -1,0 +1,162 @@
+"""Collectives on tensors that gradients flow through, with Horovod's gradients.
+
+- allreduce (Sum, Average): the gradient is the same allreduce of the
+  gradient; Min, Max and Product have none;
+- allgather: the gradient, averaged over ranks, sliced back to this rank's rows;
+- broadcast: the gradient averaged over ranks on the root, zero elsewhere;
+- alltoall: the gradient sent back where its rows came from;
+- reducescatter: the gradient gathered from every rank's block.
+"""
+
+import tensorflow as tf
+
+from kdist.comm import graph_ops
+from kdist.comm.communicator import Average, Sum
+
+
+def _reduce(tensors, op, comm, prescale, postscale, compression, label, key=None):
+    if op in (Average, Sum):
+        floating = all(t.dtype.is_floating for t in tensors)
+        if floating:
+            return compression.reduce(tensors, comm, op == Average, prescale, postscale,
+                                      label, key)
+        if op == Average:
+            raise TypeError("Averaging needs floating tensors; got "
+                            f"{sorted({t.dtype.name for t in tensors})}. Use op=kdist.Sum or "
+                            "cast first.")
+    results = [None] * len(tensors)
+    groups = {}
+    for index, t in enumerate(tensors):
+        groups.setdefault(t.dtype, []).append(index)
+    for indices in groups.values():
+        reduced = graph_ops.allreduce([tensors[i] for i in indices], comm, op=op,
+                                      prescale=prescale, postscale=postscale, label=label)
+        for i, r in zip(indices, reduced):
+            results[i] = r
+    return results
+
+
+def _gradient_op(op):
+    if op not in (Average, Sum):
+        raise ValueError(f"kdist defines the gradient of allreduce for Sum and Average only; "
+                         f"this allreduce uses {op}.")
+    return op
+
+
+def allreduce(tensor, op, comm, prescale, postscale, compression, label):
+    if not tensor.dtype.is_floating:
+        return _reduce([tensor], op, comm, prescale, postscale, compression, label)[0]
+
+    @tf.custom_gradient
+    def reduced(x):
+        def gradient(upstream):
+            return _reduce([upstream], _gradient_op(op), comm, prescale, postscale,
+                           compression, f"gradient of {label}")[0]
+
+        return _reduce([x], op, comm, prescale, postscale, compression, label)[0], gradient
+
+    return reduced(tensor)
+
+
+def grouped_allreduce(tensors, op, comm, prescale, postscale, compression, label):
+    if not all(t.dtype.is_floating for t in tensors):
+        return _reduce(tensors, op, comm, prescale, postscale, compression, label)
+
+    @tf.custom_gradient
+    def reduced(*xs):
+        def gradient(*upstream):
+            upstream = [tf.zeros_like(x) if u is None else u for u, x in zip(upstream, xs)]
+            return _reduce(upstream, _gradient_op(op), comm, prescale, postscale, compression,
+                           f"gradient of {label}")
+
+        return _reduce(list(xs), op, comm, prescale, postscale, compression, label), gradient
+
+    return reduced(*tensors)
+
+
+def allgather(tensor, comm, label):
+    if not tensor.dtype.is_floating:
+        return graph_ops.allgather(tensor, comm, label=label)
+
+    @tf.custom_gradient
+    def gathered(x):
+        def gradient(upstream):
+            averaged = graph_ops.allreduce([upstream], comm, average=True,
+                                           label=f"gradient of {label}")[0]
+            rows = tf.reshape(tf.shape(x, out_type=tf.int64)[0], [1])
+            counts = graph_ops.allgather(rows, comm, label=f"gradient of {label}, rows")
+            start = tf.reduce_sum(counts[:comm.rank])
+            return averaged[start:start + rows[0]]
+
+        return graph_ops.allgather(x, comm, label=label), gradient
+
+    return gathered(tensor)
+
+
+def broadcast(tensor, root, comm, label):
+    if not tensor.dtype.is_floating:
+        return graph_ops.broadcast(tensor, comm, root, label=label)
+
+    @tf.custom_gradient
+    def broadcast_value(x):
+        def gradient(upstream):
+            averaged = graph_ops.allreduce([upstream], comm, average=True,
+                                           label=f"gradient of {label}")[0]
+            return averaged if comm.rank == root else tf.zeros_like(averaged)
+
+        return graph_ops.broadcast(x, comm, root, label=label), gradient
+
+    return broadcast_value(tensor)
+
+
+def alltoall(tensor, splits, comm, label):
+    received_counts = []
+
+    @tf.custom_gradient
+    def exchanged(x):
+        received, counts = graph_ops.alltoall(x, splits, comm, label=label)
+        received_counts.append(counts)
+
+        def gradient(upstream):
+            return graph_ops.alltoall(upstream, counts, comm, label=f"gradient of {label}")[0]
+
+        return received, gradient
+
+    if not tensor.dtype.is_floating:
+        return graph_ops.alltoall(tensor, splits, comm, label=label)
+    received = exchanged(tensor)
+    return received, received_counts[0]
+
+
+def _own_block(x, comm):
+    """This rank's rows of a reduce-scatter of `x` (the first ranks get one more)."""
+    from kdist.comm.collectives import block
+
+    if x.shape[0] is not None:
+        start, stop = block(x.shape[0], comm.rank, comm.size)
+        return x[start:stop]
+    rows = tf.shape(x)[0]
+    base, extra = rows // comm.size, rows % comm.size
+    start = comm.rank * base + tf.minimum(comm.rank, extra)
+    stop = start + base + tf.cast(tf.less(comm.rank, extra), rows.dtype)
+    return x[start:stop]
+
+
+def reducescatter(tensor, op, comm, prescale, postscale, compression, label):
+    def scatter(x):
+        return _own_block(_reduce([x], op, comm, prescale, postscale, compression, label)[0],
+                          comm)
+
+    if not tensor.dtype.is_floating:
+        return scatter(tensor)
+
+    @tf.custom_gradient
+    def scattered(x):
+        def gradient(upstream):
+            factor = prescale * postscale * (comm.size if op == Sum else 1)
+            scaled = upstream * tf.cast(factor, upstream.dtype) if factor != 1 else upstream
+            return graph_ops.allgather(scaled, comm, label=f"gradient of {label}")
+
+        return scatter(x), gradient
+
+    return scattered(tensor)

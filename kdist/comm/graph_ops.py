@@ -1,0 +1,151 @@
+"""Collectives on TensorFlow tensors: eager, in graphs, and in XLA programs.
+
+Each function picks the engine for where it runs:
+
+- kdist's C++ ops (`kdist.comm.native`) in graphs and eagerly, when they
+  could be built; inside a function compiled with XLA they become custom
+  calls (their XLA lowering is built the first time this happens);
+- otherwise a py-function around `Communicator`, which XLA cannot compile:
+  there the error says what to do.
+
+Both follow the same wire protocol, so ranks agree whichever they use.
+"""
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.python.ops import control_flow_util
+
+from kdist.comm import protocol
+from kdist.comm.communicator import protocol_op
+from kdist.comm import native
+
+
+def in_xla():
+    """True while tracing a function that XLA will compile (`jit_compile=True`)."""
+    if tf.executing_eagerly():
+        return False
+    return control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph())
+
+
+def _native_ops(comm):
+    if comm.mpi is None:
+        return None
+    if in_xla():
+        native.load_xla()
+        return native.load()
+    return native.load()
+
+
+def _dtype_code(dtype):
+    return protocol.dtype_code(np.dtype(tf.as_dtype(dtype).as_numpy_dtype))
+
+
+def allreduce(tensors, comm, op="sum", average=False, prescale=1.0, postscale=1.0, label=""):
+    """Reduces a list of tensors of one dtype across `comm` in one fused collective.
+
+    Returns tensors shaped like the inputs: `reduce(t * prescale) * postscale`,
+    divided by the number of ranks that contributed with `average`.
+    """
+    tensors = [tf.convert_to_tensor(t) for t in tensors]
+    if not tensors:
+        return []
+    dtype = tensors[0].dtype
+    if any(t.dtype != dtype for t in tensors):
+        raise TypeError("A fused allreduce needs tensors of one dtype; got "
+                        f"{sorted({t.dtype.name for t in tensors})}.")
+    _dtype_code(dtype)
+    if (average or prescale != 1.0 or postscale != 1.0) and not dtype.is_floating:
+        raise TypeError(f"Averaging or scaling needs floating tensors; got {dtype.name}. "
+                        "Use op=kdist.Sum without scaling, or cast first.")
+    if comm.size == 1:
+        factor = prescale * postscale
+        return [t if factor == 1.0 else t * tf.cast(factor, dtype) for t in tensors]
+    mpi_op = protocol_op(op)
+    ops = _native_ops(comm)
+    if ops is not None:
+        return ops.kdist_allreduce(tensors, comm=comm.fortran_handle, reduce_op=mpi_op,
+                                   average=bool(average), prescale=float(prescale),
+                                   postscale=float(postscale), label=label)
+
+    def reduce(*arrays):
+        return comm.allreduce_many(arrays, op=op, average=average, prescale=prescale,
+                                   postscale=postscale, label=label)
+
+    if tf.executing_eagerly():
+        results = reduce(*[t.numpy() for t in tensors])
+        return [tf.convert_to_tensor(r, dtype=dtype) for r in results]
+    results = tf.numpy_function(reduce, tensors, [dtype] * len(tensors), stateful=True,
+                                name="kdist_allreduce")
+    for result, t in zip(results, tensors):
+        result.set_shape(t.shape)
+    return list(results)
+
+
+def allgather(tensor, comm, label=""):
+    """Concatenates every rank's `tensor` along the first axis (sizes may differ).
+
+    Under XLA the result's shape is fixed when the program is compiled, so
+    every rank must then give the same number of rows.
+    """
+    tensor = tf.convert_to_tensor(tensor)
+    if tensor.shape.rank == 0:
+        raise ValueError("allgather needs a tensor of at least one dimension; got a scalar.")
+    _dtype_code(tensor.dtype)
+    if comm.size == 1:
+        return tf.identity(tensor)
+    ops = _native_ops(comm)
+    if ops is not None:
+        return ops.kdist_allgather(tensor, comm=comm.fortran_handle, size=comm.size, label=label)
+    if tf.executing_eagerly():
+        return tf.convert_to_tensor(comm.allgather_rows(tensor.numpy(), label=label))
+    result = tf.numpy_function(lambda a: comm.allgather_rows(a, label=label), [tensor],
+                               tensor.dtype, stateful=True, name="kdist_allgather")
+    result.set_shape(tf.TensorShape([None]).concatenate(tensor.shape[1:]))
+    return result
+
+
+def broadcast(tensor, comm, root=0, label=""):
+    """Returns rank `root`'s value of `tensor` on every rank of `comm`."""
+    tensor = tf.convert_to_tensor(tensor)
+    _dtype_code(tensor.dtype)
+    comm._check_root(root)
+    if comm.size == 1:
+        return tf.identity(tensor)
+    ops = _native_ops(comm)
+    if ops is not None:
+        return ops.kdist_broadcast(tensor, comm=comm.fortran_handle, root=int(root), label=label)
+
+    def bcast(array):
+        out = np.array(array, copy=True, order="C")
+        return comm.bcast_(out, root=int(root), label=label)
+
+    if tf.executing_eagerly():
+        return tf.convert_to_tensor(bcast(tensor.numpy()))
+    result = tf.numpy_function(bcast, [tensor], tensor.dtype, stateful=True,
+                               name="kdist_broadcast")
+    result.set_shape(tensor.shape)
+    return result
+
+
+def alltoall(tensor, splits, comm, label=""):
+    """Sends `splits[i]` rows of `tensor` to rank i; returns (received rows, row counts)."""
+    tensor = tf.convert_to_tensor(tensor)
+    if in_xla():
+        raise ValueError("alltoall's result has a shape known only when it runs, so it cannot "
+                         "be compiled with XLA; call it outside the jit-compiled function or "
+                         "compile with jit_compile=False.")
+    _dtype_code(tensor.dtype)
+
+    def exchange(array, counts):
+        received, received_counts = comm.alltoallv(array, counts, label=label)
+        return received, received_counts.astype(np.int64)
+
+    splits = tf.cast(tf.convert_to_tensor(splits), tf.int64)
+    if tf.executing_eagerly():
+        received, counts = exchange(tensor.numpy(), splits.numpy())
+        return tf.convert_to_tensor(received), tf.convert_to_tensor(counts)
+    received, counts = tf.numpy_function(exchange, [tensor, splits], [tensor.dtype, tf.int64],
+                                         stateful=True, name="kdist_alltoall")
+    received.set_shape(tf.TensorShape([None]).concatenate(tensor.shape[1:]))
+    counts.set_shape([comm.size])
+    return received, counts

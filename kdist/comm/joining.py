@@ -1,0 +1,105 @@
+"""`join`: a rank that ran out of data keeps the others' collectives going.
+
+Ranks with uneven data take different numbers of steps. A rank that has no
+more batches calls `join()`: it then reads each collective the other ranks
+announce (`kdist.comm.protocol`) and takes part with neutral values (zeros
+for a sum, so averages count only the ranks that trained; no rows for a
+gather) until every rank has joined. It follows whatever the others run: a
+GAN with more generator than discriminator steps, two models in one loop,
+gradient accumulation, any number of buckets.
+"""
+
+import logging
+
+import numpy as np
+
+from kdist.comm import processes
+from kdist.comm import protocol
+from kdist.comm import watchdog
+
+logger = logging.getLogger(__name__)
+
+
+def join(comm=None):
+    """Takes part in the other ranks' collectives until every rank has joined.
+
+    Returns the rank that joined last. The ranks that joined early missed
+    updates: copy the model from the returned rank (kdist's callbacks do this
+    for you at the end of each epoch).
+
+    Example:
+
+    >>> import kdist
+    >>> kdist.join()  # one process: nothing to wait for
+    0
+    """
+    return join_and_tell(comm)[0]
+
+
+def join_and_tell(comm=None):
+    """`join()`, also saying whether any rank took part in collectives it did not start."""
+    comm = comm if comm is not None else processes.world()
+    if comm.size == 1:
+        return comm.rank, False
+    raw = comm.mpi
+    mirrored = 0
+    with comm.lock:
+        while True:
+            header = protocol.announce(raw, 0, what="kdist.join (this rank has run out of data)",
+                                       active=False)
+            if header is None:
+                break
+            _take_part(comm, header)
+            mirrored += 1
+    everyone = comm.allgather_object(mirrored)
+    fewest = min(everyone)
+    last = max(rank for rank, count in enumerate(everyone) if count == fewest)
+    if mirrored:
+        logger.debug("join: took part in %d collective(s); rank %d joined last", mirrored, last)
+    return last, max(everyone) > 0
+
+
+def _take_part(comm, header):
+    """The payload side of one collective the active ranks announced, with neutral values."""
+    MPI = protocol._mpi()
+    raw = comm.mpi
+    _, kind, dtype_code, op, count, root = (int(v) for v in header)
+    what = protocol.describe(kind, dtype_code, op, count, root)
+    with watchdog.waiting(f"kdist.join, taking part in {what}"):
+        if kind == protocol.ALLREDUCE:
+            dtype = protocol.numpy_dtype(dtype_code)
+            values = protocol.neutral(dtype, op, count)
+            raw.Allreduce(MPI.IN_PLACE, [values, protocol.mpi_datatype(dtype)],
+                          op=protocol.mpi_op(dtype, op))
+        elif kind == protocol.ALLGATHER:
+            rows = np.empty(comm.size, dtype=np.int64)
+            raw.Allgather(np.zeros(1, dtype=np.int64), rows)
+            row_bytes = count * protocol.numpy_dtype(dtype_code).itemsize
+            received = np.empty(int(rows.sum()) * row_bytes, dtype=np.uint8)
+            offsets = np.concatenate([[0], np.cumsum(rows * row_bytes)[:-1]])
+            raw.Allgatherv([np.empty(0, np.uint8), MPI.BYTE],
+                           [received, (rows * row_bytes).tolist(), offsets.tolist(), MPI.BYTE])
+        elif kind == protocol.ALLTOALL:
+            rows = np.empty(comm.size, dtype=np.int64)
+            raw.Alltoall(np.zeros(comm.size, dtype=np.int64), rows)
+            row_bytes = count * protocol.numpy_dtype(dtype_code).itemsize
+            received = np.empty(int(rows.sum()) * row_bytes, dtype=np.uint8)
+            offsets = np.concatenate([[0], np.cumsum(rows * row_bytes)[:-1]])
+            zeros = [0] * comm.size
+            raw.Alltoallv([np.empty(0, np.uint8), zeros, zeros, MPI.BYTE],
+                          [received, (rows * row_bytes).tolist(), offsets.tolist(), MPI.BYTE])
+        elif kind == protocol.BARRIER:
+            raw.Barrier()
+        elif kind in (protocol.BROADCAST, protocol.OBJECT_BROADCAST) and root != comm.rank:
+            if kind == protocol.BROADCAST:
+                dtype = protocol.numpy_dtype(dtype_code)
+                raw.Bcast([np.empty(count, dtype=dtype), protocol.mpi_datatype(dtype)], root=root)
+            else:
+                raw.bcast(None, root=root)
+        else:
+            # Every rank waits in this collective; only ending the job frees them.
+            watchdog.abort(
+                f"rank {comm.rank} has joined (it ran out of data) while the other ranks "
+                f"started {what}, which it cannot take part in with neutral values. Call "
+                "kdist.join() only where the other ranks run allreduces, allgathers or "
+                "broadcasts from a rank still training.")

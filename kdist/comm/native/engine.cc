@@ -1,0 +1,496 @@
+// The MPI side of kdist's in-graph collectives; see engine.h for the protocol.
+#include "engine.h"
+
+#include <sched.h>
+#include <time.h>
+
+#include <algorithm>
+#include <atomic>
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <vector>
+
+#include "Eigen/Core"
+
+namespace kdist {
+
+Status Announce(MPI_Comm comm, int64_t kind, int64_t dtype, int64_t op, int64_t count,
+                int64_t root, const std::string& what);
+Status AllgatherCounts(MPI_Comm comm, int64_t rows, int64_t* counts);
+Status AllgatherPayload(MPI_Comm comm, const void* send, int64_t send_bytes, void* recv,
+                        const int64_t* row_counts, int64_t row_bytes);
+int CommSize(MPI_Comm comm);
+
+namespace {
+
+constexpr int kHeaderSize = 6;
+
+// One collective at a time in this process: TensorFlow may call kernels from
+// several threads, and every rank must issue collectives in the same order.
+std::mutex g_collective_mutex;
+
+// What this process waits for, read by the watchdog thread.
+std::mutex g_wait_mutex;
+std::atomic<int64_t> g_wait_since{0};
+std::string g_wait_what;
+
+int64_t NowNanoseconds() {
+  timespec now;
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  return static_cast<int64_t>(now.tv_sec) * 1000000000LL + now.tv_nsec;
+}
+
+int64_t EnvMicroseconds(const char* name, int64_t fallback) {
+  const char* value = std::getenv(name);
+  if (value == nullptr || *value == '\0') return fallback;
+  return std::max<int64_t>(0, std::atoll(value));
+}
+
+class WaitScope {
+ public:
+  explicit WaitScope(const std::string& what) {
+    std::lock_guard<std::mutex> lock(g_wait_mutex);
+    g_wait_what = what;
+    g_wait_since.store(NowNanoseconds());
+  }
+  ~WaitScope() { g_wait_since.store(0); }
+};
+
+// Waits for a request without holding a core when the wait is long: spin
+// first (peers usually arrive within microseconds), then yield the core to
+// anyone who wants it, then sleep briefly between tests.
+int WaitFor(MPI_Request* request) {
+  static const int64_t spin_ns = EnvMicroseconds("KDIST_WAIT_SPIN_US", 100) * 1000;
+  static const int64_t yield_ns = EnvMicroseconds("KDIST_WAIT_YIELD_US", 2000) * 1000;
+  static const int64_t sleep_ns = EnvMicroseconds("KDIST_WAIT_SLEEP_US", 50) * 1000;
+  const int64_t start = NowNanoseconds();
+  int done = 0;
+  while (true) {
+    const int rc = MPI_Test(request, &done, MPI_STATUS_IGNORE);
+    if (rc != MPI_SUCCESS || done) return rc;
+    const int64_t waited = NowNanoseconds() - start;
+    if (waited < spin_ns) continue;
+    if (waited < yield_ns) {
+      sched_yield();
+    } else {
+      timespec pause{0, static_cast<long>(sleep_ns)};
+      nanosleep(&pause, nullptr);
+    }
+  }
+}
+
+std::string MpiError(int rc) {
+  char text[MPI_MAX_ERROR_STRING];
+  int length = 0;
+  MPI_Error_string(rc, text, &length);
+  return std::string(text, length);
+}
+
+Status Check(int rc, const char* call, const std::string& what) {
+  if (rc == MPI_SUCCESS) return Status();
+  return Status::Error(std::string("kdist: ") + call + " failed in " + what + ": " + MpiError(rc));
+}
+
+// Half-precision reductions: MPI has no 16-bit float type, so they travel as
+// 16-bit integers and are combined in float.
+template <typename Half, int64_t kOp>
+void HalfReduce(void* in, void* inout, int* length, MPI_Datatype*) {
+  const Half* a = static_cast<const Half*>(in);
+  Half* b = static_cast<Half*>(inout);
+  for (int i = 0; i < *length; ++i) {
+    const float x = static_cast<float>(a[i]);
+    const float y = static_cast<float>(b[i]);
+    float r = x + y;
+    if (kOp == kMin) r = std::min(x, y);
+    if (kOp == kMax) r = std::max(x, y);
+    if (kOp == kProduct) r = x * y;
+    b[i] = static_cast<Half>(r);
+  }
+}
+
+template <typename Half>
+MPI_Op HalfOp(int64_t op) {
+  static MPI_Op ops[5] = {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL};
+  if (ops[op] == MPI_OP_NULL) {
+    MPI_User_function* fn = nullptr;
+    if (op == kSum) fn = &HalfReduce<Half, kSum>;
+    if (op == kMin) fn = &HalfReduce<Half, kMin>;
+    if (op == kMax) fn = &HalfReduce<Half, kMax>;
+    if (op == kProduct) fn = &HalfReduce<Half, kProduct>;
+    MPI_Op_create(fn, /*commute=*/1, &ops[op]);
+  }
+  return ops[op];
+}
+
+MPI_Datatype MpiType(int64_t dtype) {
+  switch (dtype) {
+    case kFloat32: return MPI_FLOAT;
+    case kFloat64: return MPI_DOUBLE;
+    case kInt32: return MPI_INT32_T;
+    case kUInt8: return MPI_UINT8_T;
+    case kInt16: return MPI_INT16_T;
+    case kInt8: return MPI_INT8_T;
+    case kInt64: return MPI_INT64_T;
+    case kBool: return MPI_C_BOOL;
+    case kBFloat16: return MPI_UINT16_T;
+    case kUInt16: return MPI_UINT16_T;
+    case kFloat16: return MPI_UINT16_T;
+    case kUInt32: return MPI_UINT32_T;
+    case kUInt64: return MPI_UINT64_T;
+    default: return MPI_DATATYPE_NULL;
+  }
+}
+
+MPI_Op MpiOp(int64_t dtype, int64_t op) {
+  if (dtype == kFloat16) return HalfOp<Eigen::half>(op);
+  if (dtype == kBFloat16) return HalfOp<Eigen::bfloat16>(op);
+  if (dtype == kBool) return (op == kMin || op == kProduct) ? MPI_LAND : MPI_LOR;
+  switch (op) {
+    case kSum: return MPI_SUM;
+    case kMin: return MPI_MIN;
+    case kMax: return MPI_MAX;
+    case kProduct: return MPI_PROD;
+    default: return MPI_OP_NULL;
+  }
+}
+
+const char* OpName(int64_t op) {
+  switch (op) {
+    case kSum: return "sum";
+    case kMin: return "min";
+    case kMax: return "max";
+    case kProduct: return "product";
+    default: return "?";
+  }
+}
+
+// Every rank describes what it was doing; all of them fail with the same text.
+Status Mismatch(MPI_Comm comm, const std::string& what) {
+  const int size = CommSize(comm);
+  int rank = 0;
+  MPI_Comm_rank(comm, &rank);
+  int64_t mine = static_cast<int64_t>(what.size());
+  std::vector<int64_t> lengths(size);
+  MPI_Allgather(&mine, 1, MPI_INT64_T, lengths.data(), 1, MPI_INT64_T, comm);
+  std::vector<int> counts(size), offsets(size);
+  int total = 0;
+  for (int r = 0; r < size; ++r) {
+    counts[r] = static_cast<int>(lengths[r]);
+    offsets[r] = total;
+    total += counts[r];
+  }
+  std::vector<char> all(std::max(total, 1));
+  MPI_Allgatherv(what.data(), static_cast<int>(mine), MPI_CHAR, all.data(), counts.data(),
+                 offsets.data(), MPI_CHAR, comm);
+  std::string message =
+      "kdist: the ranks are not running the same collective (seen by rank " +
+      std::to_string(rank) + "):";
+  for (int r = 0; r < size; ++r) {
+    message += "\n  rank " + std::to_string(r) + ": " +
+               std::string(all.data() + offsets[r], counts[r]);
+  }
+  message +=
+      "\nEvery rank must run the same collectives in the same order: build the same model "
+      "on every rank, give tensors the same shapes and dtypes, and use the same step "
+      "pattern on all ranks.";
+  return Status::Error(message);
+}
+
+// Packs, scales and unpacks elements of one C++ type.
+template <typename T>
+struct Elements {
+  static void Scale(const void* in, void* out, int64_t count, double factor) {
+    const T* src = static_cast<const T*>(in);
+    T* dst = static_cast<T*>(out);
+    if (factor == 1.0) {
+      if (src != dst) std::memcpy(dst, src, count * sizeof(T));
+      return;
+    }
+    for (int64_t i = 0; i < count; ++i) {
+      dst[i] = static_cast<T>(static_cast<double>(static_cast<float>(src[i])) * factor);
+    }
+  }
+  static void SetOne(void* at) { *static_cast<T*>(at) = static_cast<T>(1.0f); }
+  static double Read(const void* at) {
+    return static_cast<double>(static_cast<float>(*static_cast<const T*>(at)));
+  }
+};
+
+template <>
+struct Elements<double> {
+  static void Scale(const void* in, void* out, int64_t count, double factor) {
+    const double* src = static_cast<const double*>(in);
+    double* dst = static_cast<double*>(out);
+    if (factor == 1.0) {
+      if (src != dst) std::memcpy(dst, src, count * sizeof(double));
+      return;
+    }
+    for (int64_t i = 0; i < count; ++i) dst[i] = src[i] * factor;
+  }
+  static void SetOne(void* at) { *static_cast<double*>(at) = 1.0; }
+  static double Read(const void* at) { return *static_cast<const double*>(at); }
+};
+
+void ScaleElements(int64_t dtype, const void* in, void* out, int64_t count, double factor) {
+  switch (dtype) {
+    case kFloat32: return Elements<float>::Scale(in, out, count, factor);
+    case kFloat64: return Elements<double>::Scale(in, out, count, factor);
+    case kFloat16: return Elements<Eigen::half>::Scale(in, out, count, factor);
+    case kBFloat16: return Elements<Eigen::bfloat16>::Scale(in, out, count, factor);
+    default:
+      // Integers are never scaled (the Python side refuses it).
+      if (in != out) std::memcpy(out, in, count * ElementSize(dtype));
+  }
+}
+
+void SetOne(int64_t dtype, void* at) {
+  switch (dtype) {
+    case kFloat32: return Elements<float>::SetOne(at);
+    case kFloat64: return Elements<double>::SetOne(at);
+    case kFloat16: return Elements<Eigen::half>::SetOne(at);
+    case kBFloat16: return Elements<Eigen::bfloat16>::SetOne(at);
+  }
+}
+
+double ReadOne(int64_t dtype, const void* at) {
+  switch (dtype) {
+    case kFloat32: return Elements<float>::Read(at);
+    case kFloat64: return Elements<double>::Read(at);
+    case kFloat16: return Elements<Eigen::half>::Read(at);
+    case kBFloat16: return Elements<Eigen::bfloat16>::Read(at);
+  }
+  return 1.0;
+}
+
+Status CheckCount(int64_t count, const std::string& what) {
+  if (count > INT_MAX) {
+    return Status::Error("kdist: " + what + " has more than 2^31 elements in one message; "
+                         "reduce bucket_bytes or split the tensor");
+  }
+  return Status();
+}
+
+std::string Describe(const char* kind, int64_t count, int64_t dtype, const std::string& what) {
+  return std::string(kind) + " of " + std::to_string(count) + " " + DTypeName(dtype) +
+         " values" + (what.empty() ? "" : " (" + what + ")");
+}
+
+// The payload of one announced allreduce; the caller holds the mutex.
+Status AllreduceLocked(MPI_Comm comm, const void* send, void* recv, int64_t count,
+                       int64_t dtype, int64_t op, const std::string& what) {
+  Status status = CheckCount(count, what);
+  if (!status.ok) return status;
+  const std::string description =
+      Describe((std::string("allreduce (") + OpName(op) + ")").c_str(), count, dtype, what);
+  status = Announce(comm, kAllreduce, dtype, op, count, 0, description);
+  if (!status.ok) return status;
+  WaitScope waiting(description + ", moving data");
+  const void* source = send == recv ? MPI_IN_PLACE : send;
+  return Check(MPI_Allreduce(source, recv, static_cast<int>(count), MpiType(dtype),
+                             MpiOp(dtype, op), comm),
+               "MPI_Allreduce", description);
+}
+
+std::vector<char>& PackBuffer() {
+  static std::vector<char> buffer;
+  return buffer;
+}
+
+}  // namespace
+
+int CommSize(MPI_Comm comm) {
+  int size = 1;
+  MPI_Comm_size(comm, &size);
+  return size;
+}
+
+int64_t ElementSize(int64_t dtype) {
+  switch (dtype) {
+    case kFloat32: case kInt32: case kUInt32: return 4;
+    case kFloat64: case kInt64: case kUInt64: return 8;
+    case kFloat16: case kBFloat16: case kInt16: case kUInt16: return 2;
+    case kUInt8: case kInt8: case kBool: return 1;
+    default: return 0;
+  }
+}
+
+const char* DTypeName(int64_t dtype) {
+  switch (dtype) {
+    case kFloat32: return "float32";
+    case kFloat64: return "float64";
+    case kInt32: return "int32";
+    case kUInt8: return "uint8";
+    case kInt16: return "int16";
+    case kInt8: return "int8";
+    case kInt64: return "int64";
+    case kBool: return "bool";
+    case kBFloat16: return "bfloat16";
+    case kUInt16: return "uint16";
+    case kFloat16: return "float16";
+    case kUInt32: return "uint32";
+    case kUInt64: return "uint64";
+    default: return "unknown";
+  }
+}
+
+bool IsFloating(int64_t dtype) {
+  return dtype == kFloat32 || dtype == kFloat64 || dtype == kFloat16 || dtype == kBFloat16;
+}
+
+Status Announce(MPI_Comm comm, int64_t kind, int64_t dtype, int64_t op, int64_t count,
+                int64_t root, const std::string& what) {
+  const int64_t header[kHeaderSize] = {1, kind, dtype, op, count, root};
+  int64_t send[2 * kHeaderSize], recv[2 * kHeaderSize];
+  for (int i = 0; i < kHeaderSize; ++i) {
+    send[i] = header[i];
+    send[kHeaderSize + i] = -header[i];
+  }
+  MPI_Request request;
+  int rc = MPI_Iallreduce(send, recv, 2 * kHeaderSize, MPI_INT64_T, MPI_MAX, comm, &request);
+  if (rc == MPI_SUCCESS) {
+    WaitScope waiting(what);
+    rc = WaitFor(&request);
+  }
+  Status status = Check(rc, "announcing a collective", what);
+  if (!status.ok) return status;
+  for (int i = 1; i < kHeaderSize; ++i) {
+    if (recv[i] != -recv[kHeaderSize + i]) return Mismatch(comm, what);
+  }
+  return Status();
+}
+
+Status AllgatherCounts(MPI_Comm comm, int64_t rows, int64_t* counts) {
+  return Check(MPI_Allgather(&rows, 1, MPI_INT64_T, counts, 1, MPI_INT64_T, comm),
+               "MPI_Allgather", "allgather row counts");
+}
+
+Status Allreduce(MPI_Comm comm, const void* send, void* recv, int64_t count, int64_t dtype,
+                 int64_t op, const std::string& what) {
+  std::lock_guard<std::mutex> lock(g_collective_mutex);
+  return AllreduceLocked(comm, send, recv, count, dtype, op, what);
+}
+
+Status FusedAllreduce(MPI_Comm comm, int n, const void* const* in, void* const* out,
+                      const int64_t* counts, int64_t dtype, int64_t op, bool average,
+                      double prescale, double postscale, int64_t direct_bytes,
+                      const std::string& what) {
+  std::lock_guard<std::mutex> lock(g_collective_mutex);
+  const int64_t element = ElementSize(dtype);
+  std::vector<bool> direct(n);
+  int64_t packed = 0;
+  for (int i = 0; i < n; ++i) {
+    direct[i] = counts[i] * element >= direct_bytes;
+    if (!direct[i]) packed += counts[i];
+  }
+  const int64_t extra = average ? 1 : 0;
+  std::vector<char>& buffer = PackBuffer();
+  if (static_cast<int64_t>(buffer.size()) < (packed + extra) * element) {
+    buffer.resize((packed + extra) * element);
+  }
+  char* at = buffer.data();
+  for (int i = 0; i < n; ++i) {
+    if (direct[i]) continue;
+    ScaleElements(dtype, in[i], at, counts[i], prescale);
+    at += counts[i] * element;
+  }
+  if (average) SetOne(dtype, at);
+  double factor = postscale;
+  if (packed + extra > 0) {
+    Status status = AllreduceLocked(comm, buffer.data(), buffer.data(), packed + extra, dtype,
+                                    op, what + ", packed");
+    if (!status.ok) return status;
+    if (average) {
+      // The count of ranks that trained; joined ranks sent 0.
+      const double contributors = ReadOne(dtype, at);
+      if (contributors > 0) factor = postscale / contributors;
+    }
+  }
+  at = buffer.data();
+  for (int i = 0; i < n; ++i) {
+    if (direct[i]) continue;
+    ScaleElements(dtype, at, out[i], counts[i], factor);
+    at += counts[i] * element;
+  }
+  for (int i = 0; i < n; ++i) {
+    if (!direct[i]) continue;
+    const void* source = in[i];
+    if (prescale != 1.0) {
+      ScaleElements(dtype, in[i], out[i], counts[i], prescale);
+      source = out[i];
+    }
+    Status status = AllreduceLocked(comm, source, out[i], counts[i], dtype, op,
+                                    what + ", tensor " + std::to_string(i));
+    if (!status.ok) return status;
+    if (factor != 1.0) ScaleElements(dtype, out[i], out[i], counts[i], factor);
+  }
+  return Status();
+}
+
+Status AllgatherPayload(MPI_Comm comm, const void* send, int64_t send_bytes, void* recv,
+                        const int64_t* row_counts, int64_t row_bytes) {
+  const int size = CommSize(comm);
+  std::vector<int> counts(size), offsets(size);
+  int64_t total = 0;
+  for (int r = 0; r < size; ++r) {
+    const int64_t bytes = row_counts[r] * row_bytes;
+    if (bytes > INT_MAX || total > INT_MAX) {
+      return Status::Error("kdist: allgather of more than 2 GB; gather in smaller pieces");
+    }
+    counts[r] = static_cast<int>(bytes);
+    offsets[r] = static_cast<int>(total);
+    total += bytes;
+  }
+  return Check(MPI_Allgatherv(send, static_cast<int>(send_bytes), MPI_BYTE, recv,
+                              counts.data(), offsets.data(), MPI_BYTE, comm),
+               "MPI_Allgatherv", "allgather");
+}
+
+Status Allgather(MPI_Comm comm, const void* send, int64_t rows, int64_t row_elements,
+                 int64_t dtype, const std::string& what,
+                 const std::function<void*(int64_t)>& allocate) {
+  std::lock_guard<std::mutex> lock(g_collective_mutex);
+  const std::string description =
+      "allgather of " + std::to_string(rows) + " rows of " + std::to_string(row_elements) +
+      " " + DTypeName(dtype) + " values" + (what.empty() ? "" : " (" + what + ")");
+  Status status = Announce(comm, kAllgather, dtype, 0, row_elements, 0, description);
+  if (!status.ok) return status;
+  WaitScope waiting(description + ", moving data");
+  const int size = CommSize(comm);
+  std::vector<int64_t> counts(size);
+  status = AllgatherCounts(comm, rows, counts.data());
+  if (!status.ok) return status;
+  int64_t total = 0;
+  for (int r = 0; r < size; ++r) total += counts[r];
+  void* recv = allocate(total);
+  if (recv == nullptr) return Status::Error("kdist: could not allocate the gathered tensor");
+  const int64_t row_bytes = row_elements * ElementSize(dtype);
+  return AllgatherPayload(comm, send, rows * row_bytes, recv, counts.data(), row_bytes);
+}
+
+Status Broadcast(MPI_Comm comm, void* buffer, int64_t count, int64_t dtype, int root,
+                 const std::string& what) {
+  std::lock_guard<std::mutex> lock(g_collective_mutex);
+  Status status = CheckCount(count, what);
+  if (!status.ok) return status;
+  const std::string description = Describe(
+      ("broadcast from rank " + std::to_string(root)).c_str(), count, dtype, what);
+  status = Announce(comm, kBroadcast, dtype, 0, count, root, description);
+  if (!status.ok) return status;
+  WaitScope waiting(description + ", moving data");
+  return Check(MPI_Bcast(buffer, static_cast<int>(count), MpiType(dtype), root, comm),
+               "MPI_Bcast", description);
+}
+
+}  // namespace kdist
+
+extern "C" int64_t kdist_native_wait(char* what, int64_t length) {
+  const int64_t since = kdist::g_wait_since.load();
+  if (since == 0) return 0;
+  std::lock_guard<std::mutex> lock(kdist::g_wait_mutex);
+  const int64_t n = std::min<int64_t>(length - 1, kdist::g_wait_what.size());
+  std::memcpy(what, kdist::g_wait_what.data(), n);
+  what[n] = '\0';
+  return since;
+}

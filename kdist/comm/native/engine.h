@@ -1,0 +1,103 @@
+// kdist's collective engine: the MPI side of every collective that runs inside
+// a TensorFlow graph or an XLA program.
+//
+// Every collective is announced before it moves data. The announcement (the
+// "header") is an MPI_MAX allreduce of six int64 values and their negations:
+//   [active, kind, dtype, op, count, root]
+// from every rank that takes part (a rank that has joined sends INT64_MIN
+// everywhere). The maxima and minima tell each rank what the active ranks are
+// about to do and whether they agree. When they disagree, every rank sees it
+// at the same moment, so all of them gather each other's descriptions and fail
+// with the same message instead of exchanging mismatched buffers; a joined
+// rank reads the header and takes part in the payload with neutral values.
+// kdist/comm/protocol.py implements the same wire protocol in Python.
+#ifndef KDIST_ENGINE_H_
+#define KDIST_ENGINE_H_
+
+#include <mpi.h>
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+namespace kdist {
+
+// Collective kinds, as announced in the header.
+enum Kind : int64_t {
+  kAllreduce = 1,
+  kAllgather = 2,
+  kBroadcast = 3,
+  kBarrier = 4,
+  kObjectAllgather = 5,
+  kObjectBroadcast = 6,
+  kAlltoall = 7,
+};
+
+// Reduction operations.
+enum Op : int64_t { kSum = 1, kMin = 2, kMax = 3, kProduct = 4 };
+
+// Element types: TensorFlow's DataType numbers, so Python and both runtimes agree.
+enum DType : int64_t {
+  kFloat32 = 1,
+  kFloat64 = 2,
+  kInt32 = 3,
+  kUInt8 = 4,
+  kInt16 = 5,
+  kInt8 = 6,
+  kInt64 = 9,
+  kBool = 10,
+  kBFloat16 = 14,
+  kUInt16 = 17,
+  kFloat16 = 19,
+  kUInt32 = 22,
+  kUInt64 = 23,
+};
+
+struct Status {
+  bool ok = true;
+  std::string message;
+  static Status Error(std::string text) { return Status{false, std::move(text)}; }
+};
+
+// Bytes per element of a dtype, or 0 if kdist does not move that type.
+int64_t ElementSize(int64_t dtype);
+const char* DTypeName(int64_t dtype);
+bool IsFloating(int64_t dtype);
+
+// Sums (or min/max/product) `count` elements across `comm`, from `send` into
+// `recv` (which may be the same buffer).
+Status Allreduce(MPI_Comm comm, const void* send, void* recv, int64_t count, int64_t dtype,
+                 int64_t op, const std::string& what);
+
+// Reduces several buffers of one dtype: buffers smaller than `direct_bytes`
+// travel packed in one message, larger ones on their own. With `average`, the
+// packed message carries one more element, 1 from every rank that trains,
+// and results are divided by that count, so ranks that joined (sending zeros)
+// do not bias the mean. out = reduce(in * prescale) * postscale [/ count].
+Status FusedAllreduce(MPI_Comm comm, int n, const void* const* in, void* const* out,
+                      const int64_t* counts, int64_t dtype, int64_t op, bool average,
+                      double prescale, double postscale, int64_t direct_bytes,
+                      const std::string& what);
+
+// Gathers `rows` rows of `row_elements` elements from every rank, in rank
+// order; ranks may give different numbers of rows. `allocate(total_rows)`
+// returns where the result goes.
+Status Allgather(MPI_Comm comm, const void* send, int64_t rows, int64_t row_elements,
+                 int64_t dtype, const std::string& what,
+                 const std::function<void*(int64_t)>& allocate);
+
+// Broadcasts `count` elements from `root` in place.
+Status Broadcast(MPI_Comm comm, void* buffer, int64_t count, int64_t dtype, int root,
+                 const std::string& what);
+
+}  // namespace kdist
+
+// What a rank is waiting for, for the watchdog (read from Python with ctypes).
+extern "C" {
+// Copies the description of the collective this process is waiting in into
+// `what` (at most `length` bytes, NUL-terminated) and returns since when it
+// has waited (CLOCK_MONOTONIC nanoseconds), or 0 when it is not waiting.
+int64_t kdist_native_wait(char* what, int64_t length);
+}
+
+#endif  // KDIST_ENGINE_H_

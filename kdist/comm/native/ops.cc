@@ -1,0 +1,235 @@
+// TensorFlow ops over kdist's collective engine (engine.h): they run MPI from
+// inside a graph, with no Python on the way.
+#include <mpi.h>
+
+#include <string>
+#include <vector>
+
+#include "engine.h"
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/shape_inference.h"
+
+using namespace tensorflow;
+
+namespace {
+
+constexpr char kNumericTypes[] =
+    "T: {float, double, half, bfloat16, int32, int64, uint8, int8, int16, uint16, uint32, "
+    "uint64, bool}";
+
+MPI_Comm CommAttr(OpKernelConstruction* context) {
+  int64_t handle = 0;
+  Status status = context->GetAttr("comm", &handle);
+  if (!status.ok()) {
+    context->CtxFailure(__FILE__, __LINE__, status);
+    return MPI_COMM_NULL;
+  }
+  return MPI_Comm_f2c(static_cast<MPI_Fint>(handle));
+}
+
+}  // namespace
+
+REGISTER_OP("KdistAllreduce")
+    .Input("tensors: N * T")
+    .Output("reduced: N * T")
+    .Attr(kNumericTypes)
+    .Attr("N: int >= 1")
+    .Attr("comm: int")
+    .Attr("reduce_op: int = 1")
+    .Attr("average: bool = false")
+    .Attr("prescale: float = 1.0")
+    .Attr("postscale: float = 1.0")
+    .Attr("direct_bytes: int = 262144")
+    .Attr("label: string = ''")
+    .SetIsStateful()
+    .SetShapeFn([](shape_inference::InferenceContext* c) {
+      for (int i = 0; i < c->num_inputs(); ++i) c->set_output(i, c->input(i));
+      return OkStatus();
+    });
+
+class KdistAllreduceOp : public OpKernel {
+ public:
+  explicit KdistAllreduceOp(OpKernelConstruction* context) : OpKernel(context) {
+    comm_ = CommAttr(context);
+    DataType type;
+    OP_REQUIRES_OK(context, context->GetAttr("T", &type));
+    dtype_ = static_cast<int64_t>(type);
+    OP_REQUIRES_OK(context, context->GetAttr("reduce_op", &op_));
+    OP_REQUIRES_OK(context, context->GetAttr("average", &average_));
+    OP_REQUIRES_OK(context, context->GetAttr("prescale", &prescale_));
+    OP_REQUIRES_OK(context, context->GetAttr("postscale", &postscale_));
+    OP_REQUIRES_OK(context, context->GetAttr("direct_bytes", &direct_bytes_));
+    OP_REQUIRES_OK(context, context->GetAttr("label", &label_));
+  }
+
+  void Compute(OpKernelContext* context) override {
+    const int n = context->num_inputs();
+    std::vector<const void*> in(n);
+    std::vector<void*> out(n);
+    std::vector<int64_t> counts(n);
+    for (int i = 0; i < n; ++i) {
+      const Tensor& input = context->input(i);
+      Tensor* output = nullptr;
+      // A tensor nobody else holds is reduced in its own buffer.
+      OP_REQUIRES_OK(context,
+                     context->forward_input_or_allocate_output({i}, i, input.shape(), &output));
+      in[i] = input.data();
+      out[i] = output->data();
+      counts[i] = input.NumElements();
+    }
+    kdist::Status status = kdist::FusedAllreduce(
+        comm_, n, in.data(), out.data(), counts.data(), dtype_, op_, average_, prescale_,
+        postscale_, direct_bytes_, Label(counts));
+    OP_REQUIRES(context, status.ok, errors::Aborted(status.message));
+  }
+
+ private:
+  std::string Label(const std::vector<int64_t>& counts) const {
+    std::string text = label_.empty() ? std::string("allreduce") : label_;
+    text += ", " + std::to_string(counts.size()) + " tensor(s) of sizes [";
+    for (size_t i = 0; i < counts.size() && i < 8; ++i) {
+      text += (i ? ", " : "") + std::to_string(counts[i]);
+    }
+    return text + (counts.size() > 8 ? ", ...]" : "]");
+  }
+
+  MPI_Comm comm_;
+  int64_t dtype_ = 1;
+  int64_t op_ = 1;
+  bool average_ = false;
+  float prescale_ = 1.0f;
+  float postscale_ = 1.0f;
+  int64_t direct_bytes_ = 262144;
+  std::string label_;
+};
+
+REGISTER_KERNEL_BUILDER(Name("KdistAllreduce").Device(DEVICE_CPU), KdistAllreduceOp);
+
+REGISTER_OP("KdistAllgather")
+    .Input("tensor: T")
+    .Output("gathered: T")
+    .Attr(kNumericTypes)
+    .Attr("comm: int")
+    .Attr("size: int = 1")
+    .Attr("label: string = ''")
+    .SetIsStateful()
+    .SetShapeFn([](shape_inference::InferenceContext* c) {
+      shape_inference::ShapeHandle input = c->input(0);
+      if (!c->RankKnown(input)) {
+        c->set_output(0, c->UnknownShape());
+        return OkStatus();
+      }
+      shape_inference::ShapeHandle rest;
+      TF_RETURN_IF_ERROR(c->Subshape(input, 1, &rest));
+      shape_inference::ShapeHandle out;
+      TF_RETURN_IF_ERROR(c->Concatenate(c->Vector(c->UnknownDim()), rest, &out));
+      c->set_output(0, out);
+      return OkStatus();
+    });
+
+class KdistAllgatherOp : public OpKernel {
+ public:
+  explicit KdistAllgatherOp(OpKernelConstruction* context) : OpKernel(context) {
+    comm_ = CommAttr(context);
+    DataType type;
+    OP_REQUIRES_OK(context, context->GetAttr("T", &type));
+    dtype_ = static_cast<int64_t>(type);
+    OP_REQUIRES_OK(context, context->GetAttr("label", &label_));
+  }
+
+  void Compute(OpKernelContext* context) override {
+    const Tensor& input = context->input(0);
+    OP_REQUIRES(context, input.dims() >= 1,
+                errors::InvalidArgument("kdist allgather needs a tensor of at least one "
+                                        "dimension; got a scalar"));
+    const int64_t rows = input.dim_size(0);
+    TensorShape row_shape = input.shape();
+    row_shape.RemoveDim(0);
+    Tensor* output = nullptr;
+    Status allocation;
+    kdist::Status status = kdist::Allgather(
+        comm_, input.data(), rows, row_shape.num_elements(), dtype_, label_,
+        [&](int64_t total) -> void* {
+          TensorShape shape = row_shape;
+          shape.InsertDim(0, total);
+          allocation = context->allocate_output(0, shape, &output);
+          return allocation.ok() ? output->data() : nullptr;
+        });
+    OP_REQUIRES_OK(context, allocation);
+    OP_REQUIRES(context, status.ok, errors::Aborted(status.message));
+  }
+
+ private:
+  MPI_Comm comm_;
+  int64_t dtype_ = 1;
+  std::string label_;
+};
+
+REGISTER_KERNEL_BUILDER(Name("KdistAllgather").Device(DEVICE_CPU), KdistAllgatherOp);
+
+REGISTER_OP("KdistBroadcast")
+    .Input("tensor: T")
+    .Output("broadcast: T")
+    .Attr(kNumericTypes)
+    .Attr("comm: int")
+    .Attr("root: int = 0")
+    .Attr("label: string = ''")
+    .SetIsStateful()
+    .SetShapeFn([](shape_inference::InferenceContext* c) {
+      c->set_output(0, c->input(0));
+      return OkStatus();
+    });
+
+class KdistBroadcastOp : public OpKernel {
+ public:
+  explicit KdistBroadcastOp(OpKernelConstruction* context) : OpKernel(context) {
+    comm_ = CommAttr(context);
+    DataType type;
+    OP_REQUIRES_OK(context, context->GetAttr("T", &type));
+    dtype_ = static_cast<int64_t>(type);
+    OP_REQUIRES_OK(context, context->GetAttr("root", &root_));
+    OP_REQUIRES_OK(context, context->GetAttr("label", &label_));
+  }
+
+  void Compute(OpKernelContext* context) override {
+    const Tensor& input = context->input(0);
+    Tensor* output = nullptr;
+    OP_REQUIRES_OK(context,
+                   context->forward_input_or_allocate_output({0}, 0, input.shape(), &output));
+    if (output->data() != input.data() && input.TotalBytes() > 0) {
+      std::memcpy(output->data(), input.data(), input.TotalBytes());
+    }
+    kdist::Status status = kdist::Broadcast(comm_, output->data(), input.NumElements(), dtype_,
+                                            static_cast<int>(root_), label_);
+    OP_REQUIRES(context, status.ok, errors::Aborted(status.message));
+  }
+
+ private:
+  MPI_Comm comm_;
+  int64_t dtype_ = 1;
+  int64_t root_ = 0;
+  std::string label_;
+};
+
+REGISTER_KERNEL_BUILDER(Name("KdistBroadcast").Device(DEVICE_CPU), KdistBroadcastOp);
+
+// KdistMpiLibrary: the MPI library these ops were built against, so that Python
+// can check it is the one mpi4py uses before trusting them with a communicator.
+REGISTER_OP("KdistMpiLibrary").Output("version: string").SetIsStateful();
+
+class KdistMpiLibraryOp : public OpKernel {
+ public:
+  explicit KdistMpiLibraryOp(OpKernelConstruction* context) : OpKernel(context) {}
+
+  void Compute(OpKernelContext* context) override {
+    char version[MPI_MAX_LIBRARY_VERSION_STRING];
+    int length = 0;
+    MPI_Get_library_version(version, &length);
+    Tensor* output = nullptr;
+    OP_REQUIRES_OK(context, context->allocate_output(0, TensorShape({}), &output));
+    output->scalar<tstring>()() = std::string(version, length);
+  }
+};
+
+REGISTER_KERNEL_BUILDER(Name("KdistMpiLibrary").Device(DEVICE_CPU), KdistMpiLibraryOp);

@@ -1,0 +1,2 @@
+#pragma once
+#define HH_TARGET_PREFERRED 0

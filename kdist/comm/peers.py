@@ -1,0 +1,96 @@
+"""Ranks asking each other what they are doing, for the watchdog's reports.
+
+Each rank's monitor thread keeps a receive posted on a communicator of its
+own and answers questions with one line of text ("is waiting in 'allreduce
+...' (62 s)"). A rank that asks and hears nothing back within a few seconds
+reports the silent ranks as stopped or dead: a process stopped by a signal or
+killed cannot answer, while one that computes or waits still does.
+"""
+
+import time
+
+import numpy as np
+
+_QUERY_TAG = 1
+_REPLY_TAG = 1000
+_REPLY_BYTES = 512
+
+
+def _mpi():
+    from mpi4py import MPI
+
+    return MPI
+
+
+class PeerStatus:
+    """Answers other ranks' questions and asks them in turn.
+
+    Args:
+        comm: an mpi4py communicator used only for these messages.
+        rank: this process's rank in it.
+    """
+
+    def __init__(self, comm, rank):
+        self.comm = comm
+        self.rank = rank
+        self.size = comm.Get_size()
+        self._question = np.zeros(1, dtype=np.int64)
+        self._incoming = self._listen()
+        self._sends = []
+        self._asked = 0
+
+    def _listen(self):
+        return self.comm.Irecv(self._question, source=_mpi().ANY_SOURCE, tag=_QUERY_TAG)
+
+    def answer(self, text):
+        """Answers every question that has arrived with `text`."""
+        MPI = _mpi()
+        status = MPI.Status()
+        while self._incoming is not None and self._incoming.Test(status):
+            self._send(status.Get_source(), _REPLY_TAG + int(self._question[0]) % 1000, text)
+            self._incoming = self._listen()
+        self._sends = [(request, buffer) for request, buffer in self._sends
+                       if not request.Test()]
+
+    def _send(self, peer, tag, text):
+        buffer = np.zeros(_REPLY_BYTES, dtype=np.uint8)
+        data = text.encode()[:_REPLY_BYTES - 1]
+        buffer[:len(data)] = np.frombuffer(data, dtype=np.uint8)
+        self._sends.append((self.comm.Isend(buffer, dest=peer, tag=tag), buffer))
+
+    def ask(self, status, grace=3.0):
+        """Asks every other rank; returns rank -> its answer, or None if it said nothing.
+
+        `status()` gives this rank's own answer to questions that arrive meanwhile
+        (other ranks may be asking at the same moment).
+        """
+        self._asked += 1
+        tag = _REPLY_TAG + self._asked % 1000
+        replies = {}
+        for peer in range(self.size):
+            if peer == self.rank:
+                continue
+            question = np.array([self._asked], dtype=np.int64)
+            self._sends.append((self.comm.Isend(question, dest=peer, tag=_QUERY_TAG), question))
+            buffer = np.zeros(_REPLY_BYTES, dtype=np.uint8)
+            replies[peer] = (self.comm.Irecv(buffer, source=peer, tag=tag), buffer)
+        answers = {}
+        deadline = time.monotonic() + grace
+        while len(answers) < len(replies) and time.monotonic() < deadline:
+            self.answer(status())
+            for peer, (request, buffer) in replies.items():
+                if peer not in answers and request.Test():
+                    answers[peer] = buffer.tobytes().rstrip(b"\0").decode(errors="replace")
+            time.sleep(0.02)
+        for peer, (request, _) in replies.items():
+            if peer not in answers:
+                request.Cancel()
+                request.Wait()
+                answers[peer] = None
+        return answers
+
+    def close(self):
+        if self._incoming is not None:
+            self._incoming.Cancel()
+            self._incoming.Wait()
+            self._incoming = None

@@ -1,0 +1,152 @@
+"""Process sets: collectives on a subset of the ranks, named as in Horovod.
+
+A `ProcessSet` lists world ranks. Once registered (`init(process_sets=[...])`
+or `add_process_set`, which every rank of the job calls), every collective
+takes `process_set=` and runs among its ranks only, on a communicator of their
+own.
+
+Example:
+
+>>> import kdist
+>>> kdist.global_process_set.size() == kdist.size()
+True
+"""
+
+import threading
+
+from kdist.comm import processes
+
+_lock = threading.Lock()
+_registered = {}  # id -> ProcessSet
+_next_id = [1]
+
+
+class ProcessSet:
+    """A set of world ranks that can run collectives on their own.
+
+    Args:
+        ranks_or_comm: a list of world ranks, or an mpi4py communicator whose
+            processes form the set.
+    """
+
+    def __init__(self, ranks_or_comm):
+        self.process_set_id = None
+        self.mpi_comm = None
+        if hasattr(ranks_or_comm, "Get_group"):
+            self.mpi_comm = ranks_or_comm
+            self.ranks = None
+        else:
+            ranks = [int(r) for r in ranks_or_comm]
+            if not ranks or len(set(ranks)) != len(ranks):
+                raise ValueError(f"A process set needs distinct ranks; got {list(ranks_or_comm)}.")
+            self.ranks = sorted(ranks)
+        self._comm = None
+
+    def size(self):
+        """How many ranks the set has (None before it is registered)."""
+        return None if self.ranks is None else len(self.ranks)
+
+    def rank(self):
+        """This process's rank within the set (None if it is not in the set or not registered)."""
+        if self.ranks is None or processes.rank() not in self.ranks:
+            return None
+        return self.ranks.index(processes.rank())
+
+    def included(self):
+        """Whether this process is in the set (None before it is registered)."""
+        return None if self.ranks is None else processes.rank() in self.ranks
+
+    def __eq__(self, other):
+        return isinstance(other, ProcessSet) and self.ranks == other.ranks and (
+            self.ranks is not None or self.mpi_comm is other.mpi_comm)
+
+    def __hash__(self):
+        return hash(tuple(self.ranks or ()))
+
+    def __repr__(self):
+        return f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks})"
+
+
+class _GlobalProcessSet(ProcessSet):
+    """Every rank of the job; always registered, with id 0."""
+
+    def __init__(self):
+        self.process_set_id = 0
+        self.mpi_comm = None
+        self._comm = None
+
+    @property
+    def ranks(self):
+        return list(range(processes.size()))
+
+    def size(self):
+        return processes.size()
+
+    def rank(self):
+        return processes.rank()
+
+    def included(self):
+        return True
+
+
+global_process_set = _GlobalProcessSet()
+
+
+def add_process_set(process_set):
+    """Registers a process set (a `ProcessSet` or a list of ranks) and returns it.
+
+    Every rank of the job must call it, in the same order, even ranks that
+    are not in the set.
+    """
+    if not isinstance(process_set, ProcessSet):
+        process_set = ProcessSet(process_set)
+    world = processes.world()
+    if process_set.ranks is None:
+        from mpi4py import MPI
+
+        inside = process_set.mpi_comm != MPI.COMM_NULL
+        ranks = world.allgather_object(processes.rank() if inside else None)
+        process_set.ranks = sorted(r for r in ranks if r is not None)
+    bad = [r for r in process_set.ranks if not 0 <= r < world.size]
+    if bad:
+        raise ValueError(f"Process set ranks {bad} are not ranks of this job "
+                         f"(0 to {world.size - 1}).")
+    with _lock:
+        if any(p.ranks == process_set.ranks for p in _registered.values()) or \
+                process_set.ranks == global_process_set.ranks:
+            raise ValueError(f"A process set with ranks {process_set.ranks} is already "
+                             "registered.")
+        process_set.process_set_id = _next_id[0]
+        _next_id[0] += 1
+        _registered[process_set.process_set_id] = process_set
+    process_set._comm = world.create(process_set.ranks)
+    return process_set
+
+
+def remove_process_set(process_set):
+    """Unregisters a process set; returns whether it was registered. Every rank calls it."""
+    with _lock:
+        registered = _registered.pop(getattr(process_set, "process_set_id", None), None)
+    if registered is None or registered is global_process_set:
+        return False
+    if registered._comm is not None:
+        registered._comm.free()
+        registered._comm = None
+    registered.process_set_id = None
+    return True
+
+
+def communicator_of(process_set):
+    """The `Communicator` a collective on `process_set` runs on, on this rank."""
+    if process_set is global_process_set or isinstance(process_set, _GlobalProcessSet):
+        return processes.world()
+    if not isinstance(process_set, ProcessSet):
+        raise TypeError(f"process_set must be a kdist.ProcessSet; got "
+                        f"{type(process_set).__name__}.")
+    if process_set.process_set_id not in _registered:
+        raise ValueError(f"{process_set} is not registered: call kdist.add_process_set(...) on "
+                         "every rank first (or pass it to kdist.init(process_sets=[...])).")
+    if process_set._comm is None:
+        raise ValueError(f"Rank {processes.rank()} is not in {process_set}; only its ranks "
+                         f"({process_set.ranks}) may run collectives on it.")
+    return process_set._comm

@@ -1,0 +1,212 @@
+"""The wire protocol of every kdist collective, on the Python side.
+
+Each collective is announced before it moves data: every rank that takes part
+contributes a header `[active, kind, dtype, op, count, root]` and its negation
+to one `MPI_MAX` allreduce of 12 int64 values. The maxima and minima say what
+the active ranks are about to do and whether they agree:
+
+- ranks that disagree (another model, another step pattern, tensors of
+  other shapes) all see it at once, gather each other's descriptions and
+  raise the same `CollectiveMismatch`, instead of exchanging buffers of
+  different sizes (a truncation error) or waiting for ever;
+- a rank that has joined (`kdist.join`: it ran out of data) sends no header
+  of its own, reads what the others announce, and takes part in the payload
+  with neutral values (zeros for a sum), whatever the step pattern.
+
+kdist/comm/native/engine.cc implements the same protocol in C++ for the ops
+that run inside TensorFlow graphs and XLA programs. The payload of each kind:
+
+| kind | payload after the header |
+|---|---|
+| ALLREDUCE | `MPI_Allreduce` of `count` elements |
+| ALLGATHER | `MPI_Allgather` of each rank's row count (int64), then `MPI_Allgatherv` of bytes (`count` = elements per row) |
+| BROADCAST | `MPI_Bcast` of `count` elements from `root` |
+| BARRIER | `MPI_Barrier` |
+| OBJECT_ALLGATHER, OBJECT_BROADCAST | mpi4py's pickled `allgather` / `bcast` |
+| ALLTOALL | `MPI_Alltoall` of row counts (int64), then `MPI_Alltoallv` of bytes |
+"""
+
+import functools
+import time
+
+import numpy as np
+
+from kdist.comm import watchdog
+
+HEADER_SIZE = 6
+
+ALLREDUCE = 1
+ALLGATHER = 2
+BROADCAST = 3
+BARRIER = 4
+OBJECT_ALLGATHER = 5
+OBJECT_BROADCAST = 6
+ALLTOALL = 7
+
+SUM = 1
+MIN = 2
+MAX = 3
+PRODUCT = 4
+
+# TensorFlow's DataType numbers, shared with the C++ engine.
+DTYPE_CODES = {
+    "float32": 1, "float64": 2, "int32": 3, "uint8": 4, "int16": 5, "int8": 6, "int64": 9,
+    "bool": 10, "bfloat16": 14, "uint16": 17, "float16": 19, "uint32": 22, "uint64": 23,
+}
+_DTYPE_NAMES = {code: name for name, code in DTYPE_CODES.items()}
+_KIND_NAMES = {ALLREDUCE: "allreduce", ALLGATHER: "allgather", BROADCAST: "broadcast",
+               BARRIER: "barrier", OBJECT_ALLGATHER: "allgather_object",
+               OBJECT_BROADCAST: "broadcast_object", ALLTOALL: "alltoall"}
+_INACTIVE = np.iinfo(np.int64).min
+
+
+class CollectiveMismatch(ValueError):
+    """Ranks started different collectives; the message lists what each rank ran."""
+
+
+def _mpi():
+    from mpi4py import MPI
+
+    return MPI
+
+
+def dtype_code(dtype):
+    """kdist's code for a numpy dtype (TensorFlow's DataType number)."""
+    name = np.dtype(dtype).name
+    if name not in DTYPE_CODES:
+        raise TypeError(f"kdist collectives move numeric and boolean values; got dtype {name}.")
+    return DTYPE_CODES[name]
+
+
+def numpy_dtype(code):
+    name = _DTYPE_NAMES[int(code)]
+    if name == "bfloat16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)
+
+
+def describe(kind, dtype=0, op=0, count=0, root=0, label=""):
+    """Words for a header, as error messages and the watchdog show it."""
+    text = _KIND_NAMES.get(int(kind), f"collective {kind}")
+    if kind == ALLREDUCE:
+        text += f" ({['?', 'sum', 'min', 'max', 'product'][int(op)]}) of {count} " \
+                f"{_DTYPE_NAMES.get(int(dtype), '?')} values"
+    elif kind in (ALLGATHER, ALLTOALL):
+        text += f" of rows of {count} {_DTYPE_NAMES.get(int(dtype), '?')} values"
+    elif kind == BROADCAST:
+        text = f"broadcast from rank {root} of {count} {_DTYPE_NAMES.get(int(dtype), '?')} values"
+    elif kind == OBJECT_BROADCAST:
+        text = f"broadcast_object from rank {root}"
+    return text + (f" ({label})" if label else "")
+
+
+def wait(request, what):
+    """Completes an MPI request without holding a core through a long wait.
+
+    Peers usually arrive within microseconds, so it tests in a loop first;
+    after a millisecond it sleeps between tests, with a growing pause, so a
+    rank that waits for a slow peer leaves the core to processes that compute.
+    """
+    with watchdog.waiting(what):
+        start = time.monotonic()
+        pause = 20e-6
+        while not request.Test():
+            if time.monotonic() - start > 1e-3:
+                time.sleep(pause)
+                pause = min(pause * 2, 1e-3)
+
+
+def announce(raw, kind, dtype=0, op=0, count=0, root=0, what="", active=True):
+    """Exchanges the header of the next collective on `raw` (an mpi4py communicator).
+
+    Returns the active ranks' header, or None when no rank is active (every
+    rank has joined). Raises `CollectiveMismatch` on every rank when the
+    active ranks announced different collectives.
+    """
+    send = np.full(2 * HEADER_SIZE, _INACTIVE, dtype=np.int64)
+    if active:
+        header = np.array([1, kind, dtype, op, count, root], dtype=np.int64)
+        send[:HEADER_SIZE] = header
+        send[HEADER_SIZE:] = -header
+    received = np.empty_like(send)
+    request = raw.Iallreduce(send, received, op=_mpi().MAX)
+    wait(request, what or describe(kind, dtype, op, count, root))
+    if received[0] != 1:
+        return None
+    maxima, minima = received[1:HEADER_SIZE], received[HEADER_SIZE + 1:]
+    if np.any(maxima != -minima):
+        raise mismatch(raw, what or describe(kind, dtype, op, count, root))
+    return received[:HEADER_SIZE]
+
+
+def mismatch(raw, what):
+    """Gathers every rank's description of its collective; returns the error to raise."""
+    mine = what.encode()
+    lengths = np.empty(raw.Get_size(), dtype=np.int64)
+    raw.Allgather(np.array([len(mine)], dtype=np.int64), lengths)
+    offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(int)
+    everything = np.empty(max(int(lengths.sum()), 1), dtype=np.uint8)
+    MPI = _mpi()
+    raw.Allgatherv([np.frombuffer(mine, dtype=np.uint8), MPI.BYTE],
+                   [everything, lengths.astype(int).tolist(), offsets.tolist(), MPI.BYTE])
+    lines = [f"kdist: the ranks are not running the same collective (seen by rank "
+             f"{raw.Get_rank()}):"]
+    for rank, (start, length) in enumerate(zip(offsets, lengths)):
+        lines.append(f"  rank {rank}: {everything[start:start + length].tobytes().decode()}")
+    lines.append("Every rank must run the same collectives in the same order: build the same "
+                 "model on every rank, give tensors the same shapes and dtypes, and use the "
+                 "same step pattern on all ranks.")
+    return CollectiveMismatch("\n".join(lines))
+
+
+def mpi_datatype(dtype):
+    """The predefined MPI datatype that carries numpy `dtype` (16-bit floats as uint16)."""
+    MPI = _mpi()
+    return {
+        "float32": MPI.FLOAT, "float64": MPI.DOUBLE, "int8": MPI.INT8_T, "int16": MPI.INT16_T,
+        "int32": MPI.INT32_T, "int64": MPI.INT64_T, "uint8": MPI.UINT8_T,
+        "uint16": MPI.UINT16_T, "uint32": MPI.UINT32_T, "uint64": MPI.UINT64_T,
+        "bool": MPI.C_BOOL, "float16": MPI.UINT16_T, "bfloat16": MPI.UINT16_T,
+    }[np.dtype(dtype).name]
+
+
+def mpi_op(dtype, op):
+    """The MPI operation that applies `op` to numpy `dtype`."""
+    MPI = _mpi()
+    name = np.dtype(dtype).name
+    if name in ("float16", "bfloat16"):
+        return _half_op(name, int(op))
+    if name == "bool":
+        return MPI.LAND if op in (MIN, PRODUCT) else MPI.LOR
+    return {SUM: MPI.SUM, MIN: MPI.MIN, MAX: MPI.MAX, PRODUCT: MPI.PROD}[int(op)]
+
+
+@functools.lru_cache(maxsize=None)
+def _half_op(name, op):
+    """A reduction of 16-bit floats, combined in float32 (MPI has no such type)."""
+    dtype = numpy_dtype(DTYPE_CODES[name])
+    combine = {SUM: np.add, MIN: np.minimum, MAX: np.maximum, PRODUCT: np.multiply}[op]
+
+    def reduce(incoming, accumulated, datatype):
+        a = np.frombuffer(accumulated, dtype=dtype)
+        b = np.frombuffer(incoming, dtype=dtype)
+        a[...] = combine(a.astype(np.float32), b.astype(np.float32)).astype(dtype)
+
+    return _mpi().Op.Create(reduce, commute=True)
+
+
+def neutral(dtype, op, count):
+    """`count` values that leave a reduction with `op` unchanged."""
+    dtype = np.dtype(dtype)
+    if op == SUM:
+        return np.zeros(count, dtype=dtype)
+    if op == PRODUCT:
+        return np.ones(count, dtype=dtype)
+    if dtype == np.bool_:
+        return np.full(count, op == MIN, dtype=dtype)
+    if dtype.kind == "f" or dtype.name == "bfloat16":
+        return np.full(count, np.inf if op == MIN else -np.inf, dtype=dtype)
+    info = np.iinfo(dtype)
+    return np.full(count, info.max if op == MIN else info.min, dtype=dtype)

@@ -1,0 +1,98 @@
+"""Every rank trains the same model: deferred broadcasts and a first-step check.
+
+Keras builds a model that has no `Input` (and most subclassed models) only
+when the first train step is traced, after callbacks' `on_train_begin`. A
+broadcast that runs there finds nothing to send. kdist therefore lets
+callbacks defer work until the variables exist: the first time a kdist
+optimizer applies gradients with initialised variables (while that step is
+being traced, before it first runs), it runs the deferred work and then
+checks that every rank holds the same values, so that ranks never train on
+from different starting points without a word.
+"""
+
+import hashlib
+import logging
+import weakref
+
+import numpy as np
+import tensorflow as tf
+
+from kdist.comm import collectives
+
+logger = logging.getLogger(__name__)
+
+_hooks = weakref.WeakKeyDictionary()  # optimizer -> callables to run before its first update
+_checked = weakref.WeakSet()
+
+
+def before_first_update(optimizer, hook):
+    """Runs `hook()` the first time `optimizer` applies gradients (variables then exist)."""
+    _hooks.setdefault(optimizer, []).append(hook)
+
+
+def pending(optimizer):
+    return bool(_hooks.get(optimizer))
+
+
+def initialized(variables):
+    """Whether every variable holds a value (not so in the first trace that creates them)."""
+    with tf.init_scope():
+        for v in variables:
+            handle = getattr(v, "handle", None)
+            if handle is None:
+                continue
+            if not bool(tf.raw_ops.VarIsInitializedOp(resource=handle)):
+                return False
+    return True
+
+
+def first_update(optimizer, variables, comm, exclude=()):
+    """Runs `optimizer`'s deferred hooks, then checks that ranks agree, once.
+
+    Called from the optimizer's `apply`; returns quietly while the variables
+    are not initialised yet (TensorFlow then traces the step again).
+    `exclude` holds references (`v.ref()`) to rank-local variables.
+    """
+    if optimizer in _checked:
+        return
+    variables = [v for v in variables if _ref(v) not in exclude]
+    if not initialized(variables):
+        return
+    with tf.init_scope():
+        for hook in _hooks.pop(optimizer, []):
+            hook()
+        if comm.size > 1:
+            check_identical(variables, comm, advice=(
+                "Add kdist.callbacks.BroadcastGlobalVariablesCallback(0) to fit's callbacks, "
+                "call kdist.broadcast_variables(model.variables, root_rank=0) once the model "
+                "is built, or give every rank the same seed."))
+    _checked.add(optimizer)
+
+
+def _ref(v):
+    return v.ref() if hasattr(v, "ref") else id(v)
+
+
+def fingerprint(v):
+    array = np.ascontiguousarray(v.numpy() if hasattr(v, "numpy") else np.asarray(v))
+    return hashlib.blake2b(array.tobytes(), digest_size=8).hexdigest()
+
+
+def check_identical(variables, comm, advice="", values=True):
+    """Raises `ValueError` on every rank when ranks hold different variables.
+
+    Compares names, shapes and dtypes (and, with `values`, the values) with
+    rank 0's and names the first variable that differs.
+    """
+    variables = list(variables)
+    signature = [(collectives.variable_name(v), tuple(v.shape),
+                  np.dtype(getattr(v.dtype, "as_numpy_dtype", v.dtype)).str) for v in variables]
+    digests = [fingerprint(v) for v in variables] if values else []
+    everyone = comm.allgather_object((signature, digests))
+    collectives.compare_signatures([s for s, _ in everyone], 0, what="in the model")
+    for rank, (_, theirs) in enumerate(everyone):
+        for index, (mine, root) in enumerate(zip(theirs, everyone[0][1])):
+            if mine != root:
+                raise ValueError(
+                    f"Rank {rank} holds other values of '{signature[index][0]}' than rank 0: "
+                    f"the ranks would train from different weights. {advice}".rstrip())
