@@ -36,6 +36,12 @@ class TensorReducer:
         num_groups: if positive, split each list into about this many
             collectives of equal size instead.
         name: used in log messages.
+        groups: explicit fusion: a list of lists of positions in the lists
+            this reducer is called with. The floating tensors of each inner
+            list travel in one collective; those in no list travel alone.
+            Overrides `bucket_bytes` and `num_groups`.
+        prescale_factor, postscale_factor: multiply each tensor by these
+            before and after the reduction, as `kdist.allreduce` does.
 
     Example:
 
@@ -46,11 +52,15 @@ class TensorReducer:
     """
 
     def __init__(self, comm=None, compression=None, average=True,
-                 bucket_bytes=fusion.DEFAULT_BUCKET_BYTES, num_groups=0, name="kdist"):
+                 bucket_bytes=fusion.DEFAULT_BUCKET_BYTES, num_groups=0, name="kdist",
+                 groups=None, prescale_factor=1.0, postscale_factor=1.0):
         if int(bucket_bytes) <= 0:
             raise ValueError(f"bucket_bytes must be positive; got {bucket_bytes}.")
         if int(num_groups or 0) < 0:
             raise ValueError(f"num_groups must be 0 or positive; got {num_groups}.")
+        self.groups = _check_groups(groups)
+        self.prescale_factor = float(prescale_factor)
+        self.postscale_factor = float(postscale_factor)
         self._comm = comm
         self.compression = compression_lib.get(compression)
         self.average = bool(average)
@@ -79,23 +89,51 @@ class TensorReducer:
             if i in fused:
                 continue
             reduced[i] = allreduce(dense[i], op=Average if self.average else Sum, comm=comm,
-                                   name=f"{self.name}_allreduce")
+                                   name=f"{self.name}_allreduce",
+                                   prescale_factor=self.prescale_factor,
+                                   postscale_factor=self.postscale_factor)
         if fused:
-            results = self._reduce_floats([dense[i] for i in fused])
-            for i, result in zip(fused, results):
-                reduced[i] = result
+            order, group_sizes = self._fused_order(fused)
+            inputs = [_scaled(dense[i], self.prescale_factor) for i in order]
+            results = self._reduce_floats(inputs, group_sizes)
+            for i, result in zip(order, results):
+                reduced[i] = _scaled(result, self.postscale_factor)
         return reduced
 
-    def _plan(self, tensors):
-        signature = tuple((tuple(t.shape.as_list()), t.dtype.name) for t in tensors)
+    def _fused_order(self, fused):
+        """The order the floating tensors travel in, and the size of each explicit group."""
+        if self.groups is None:
+            return fused, None
+        remaining = set(fused)
+        order, group_sizes = [], []
+        for group in self.groups:
+            members = [i for i in group if i in remaining]
+            remaining.difference_update(members)
+            if members:
+                order += members
+                group_sizes.append(len(members))
+        for i in fused:
+            if i in remaining:
+                order.append(i)
+                group_sizes.append(1)
+        return order, tuple(group_sizes)
+
+    def _plan(self, tensors, group_sizes=None):
+        signature = (tuple((tuple(t.shape.as_list()), t.dtype.name) for t in tensors),
+                     group_sizes)
         plan = self._plans.get(signature)
         if plan is None:
             sizes = [int(np.prod(t.shape)) for t in tensors]
-            bucket_bytes = self.bucket_bytes
-            if self.num_groups:
-                bucket_bytes = max(1, -(-4 * sum(sizes) // self.num_groups))
+            if group_sizes is not None:
+                stops = np.cumsum(group_sizes).tolist()
+                buckets = list(zip([0] + stops[:-1], stops))
+            else:
+                bucket_bytes = self.bucket_bytes
+                if self.num_groups:
+                    bucket_bytes = max(1, -(-4 * sum(sizes) // self.num_groups))
+                buckets = fusion.plan_buckets(sizes, bucket_bytes)
             reducer = fusion.FusedReducer(self.comm, self.compression, average=self.average)
-            plan = self._plans[signature] = (reducer, fusion.plan_buckets(sizes, bucket_bytes))
+            plan = self._plans[signature] = (reducer, buckets)
             logger.debug("%s: %d tensors in %d bucket(s), %.1f MB", self.name, len(sizes),
                          len(plan[1]), 4e-6 * sum(sizes))
         return plan
@@ -105,13 +143,13 @@ class TensorReducer:
         """The `FusedReducer`s planned so far (one per list signature)."""
         return [reducer for reducer, _ in self._plans.values()]
 
-    def _reduce_floats(self, tensors):
+    def _reduce_floats(self, tensors, group_sizes=None):
         import tensorflow as tf
 
         for t in tensors:
             if not t.shape.is_fully_defined():
                 raise ValueError(f"{self.name}: cannot reduce a tensor of unknown shape {t.shape}.")
-        reducer, buckets = self._plan(tensors)
+        reducer, buckets = self._plan(tensors, group_sizes)
         native_op = self._native_op(tensors)
         reduced = []
         for bucket, (start, stop) in enumerate(buckets):
@@ -145,6 +183,30 @@ class TensorReducer:
 
 def _reduce_bucket(reducer, bucket, *arrays):
     return reducer.reduce(bucket, arrays)
+
+
+def _check_groups(groups):
+    """Explicit fusion groups as tuples of positions; a position may be in one group only."""
+    if groups is None:
+        return None
+    checked, seen = [], set()
+    for group in groups:
+        positions = tuple(int(i) for i in group)
+        for i in positions:
+            if i < 0:
+                raise ValueError(f"groups hold positions in the reduced list; got {i}.")
+            if i in seen:
+                raise ValueError(f"Position {i} is in more than one group; each tensor "
+                                 "travels in one collective only.")
+            seen.add(i)
+        checked.append(positions)
+    return tuple(checked)
+
+
+def _scaled(tensor, factor):
+    if factor == 1.0:
+        return tensor
+    return tensor * factor  # a Python float takes the tensor's dtype
 
 
 def _dense(tensor):
