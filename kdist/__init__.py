@@ -45,25 +45,35 @@ from kdist.comm import (  # noqa: E402
     size,
 )
 
+# Horovod's adaptive summation. kdist does not implement it; the name exists so
+# that a script naming it gets an error that says what to use instead.
+Adasum = "adasum"
+
 # Modules that need Keras load on first use, so that `kdist run` and `kdist
 # --help` start without importing TensorFlow.
 _LAZY_MODULES = ("callbacks", "distribute", "gan", "optimizers", "precision", "ps", "sparsity",
                  "tune")
+_LAZY_NAMES = {
+    "DistributedOptimizer": "kdist.optimizers",
+    "PartialDistributedOptimizer": "kdist.optimizers",
+    "SyncBatchNormalization": "kdist.distribute.sync_batch_norm",
+}
 
 
 def __getattr__(name):
     if name in _LAZY_MODULES:
         return _importlib.import_module(f"kdist.{name}")
-    if name == "DistributedOptimizer":
-        return _importlib.import_module("kdist.optimizers").DistributedOptimizer
+    if name in _LAZY_NAMES:
+        return getattr(_importlib.import_module(_LAZY_NAMES[name]), name)
     raise AttributeError(f"module 'kdist' has no attribute {name!r}")
 
 
 def __dir__():
-    return sorted(list(globals()) + list(_LAZY_MODULES) + ["DistributedOptimizer"])
+    return sorted(list(globals()) + list(_LAZY_MODULES) + list(_LAZY_NAMES))
 
 __all__ = [
-    "Average", "Compression", "DistributedOptimizer", "Max", "Min", "Product", "Sum",
+    "Adasum", "Average", "Compression", "DistributedOptimizer", "Max", "Min",
+    "PartialDistributedOptimizer", "Product", "Sum", "SyncBatchNormalization",
     "allgather", "allgather_object", "allreduce", "barrier", "broadcast", "broadcast_object",
     "broadcast_variables", "callbacks", "comm", "cross_rank", "distribute", "cross_size", "gan",
     "init",
