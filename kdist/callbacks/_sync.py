@@ -4,6 +4,7 @@ from kdist.comm import collectives, fusion
 from kdist.comm import processes
 
 _joined = {}
+_local = {}  # id(model) -> ids of the variables each rank keeps to itself
 
 
 def join_once(model, epoch):
@@ -25,9 +26,16 @@ def join_once(model, epoch):
     if anyone_fell_behind:
         from kdist.callbacks.broadcast import model_state
 
-        collectives.broadcast_variables(model_state(model), root_rank=last)
+        local = _local.get(key, ())
+        shared = [v for v in model_state(model) if id(v) not in local]
+        collectives.broadcast_variables(shared, root_rank=last)
     _joined[key] = epoch
 
 
 def forget(model):
     _joined.pop(id(model), None)
+
+
+def keep_local(model, variables):
+    """Leaves `variables` out when the model is copied from the last rank to join."""
+    _local[id(model)] = {id(v) for v in variables}
