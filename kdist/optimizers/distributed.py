@@ -243,16 +243,17 @@ class AllreduceOptimizer(keras.optimizers.Optimizer):
         var_list = list(var_list)
         grads = tape.gradient(loss, var_list, grad_loss)
         self._ensure_built(var_list)
+        reduce = self._reduction()
         helper = self._agg_helper
         if helper is None:
-            reduced = self._reduce(grads, var_list)
+            reduced = reduce(grads, var_list)
         else:
             helper.add(grads, var_list)
             present = [i for i, g in enumerate(grads) if g is not None]
             sums = helper.sums(grads, var_list)
 
             def reduce_and_reset():
-                reduced = helper.finish(self._reduce(sums, var_list))
+                reduced = helper.finish(reduce(sums, var_list))
                 results = [tf.identity(reduced[i]) for i in present]
                 with tf.control_dependencies(results):
                     helper.reset()
@@ -315,8 +316,7 @@ class AllreduceOptimizer(keras.optimizers.Optimizer):
                 ops.cond(helper.is_update_pass(), lambda: inner.apply(grads, variables),
                          self._count_pass)
             return
-        upstream = self._upstream or _strategy_reduces()
-        reduce = (lambda g, v: g) if upstream else self._reduce
+        reduce = self._reduction()
         if helper is None:
             inner.apply(reduce(grads, variables), variables)
             return
@@ -328,6 +328,12 @@ class AllreduceOptimizer(keras.optimizers.Optimizer):
             helper.reset()
 
         ops.cond(helper.is_last_pass(), update, self._count_pass)
+
+    def _reduction(self):
+        """How this pass reduces gradients: not at all when someone upstream does it."""
+        if self._upstream or _strategy_reduces():
+            return lambda grads, variables: grads
+        return self._reduce
 
     def _count_pass(self):
         # A pass without an update still counts in `iterations`, as in Horovod and
@@ -371,7 +377,7 @@ class AllreduceOptimizer(keras.optimizers.Optimizer):
             else:
                 dense[i] = grad
         if any(g is not None for g in dense):
-            results = self._reducer(self._group_positions(variables))(dense)
+            results = self._reducer_for(self._group_positions(variables))(dense)
             for i, result in enumerate(results):
                 if dense[i] is not None:
                     reduced[i] = result
@@ -404,7 +410,7 @@ class AllreduceOptimizer(keras.optimizers.Optimizer):
                 positions.append(tuple(members))
         return tuple(positions)
 
-    def _reducer(self, groups):
+    def _reducer_for(self, groups):
         reducer = self._reducers.get(groups)
         if reducer is None:
             average = self.op == Average
