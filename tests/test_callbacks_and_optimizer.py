@@ -154,6 +154,10 @@ def test_compute_gradients_takes_a_loss_function_or_a_tensor_and_its_tape():
     assert float(x.numpy()) == -1.5 and int(opt.iterations.numpy()) == 2
     with pytest.raises(ValueError, match="tape"):
         opt._compute_gradients(x * 1.0, [x])
+    frozen = keras.Variable(1.0, trainable=False)  # a Keras variable the tape must watch
+    (grad, _), = kdist.DistributedOptimizer(keras.optimizers.SGD())._compute_gradients(
+        lambda: 3.0 * frozen, [frozen])
+    assert float(grad) == 3.0
 
 
 def _gathered_loss(x, y):

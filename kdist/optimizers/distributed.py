@@ -236,7 +236,9 @@ class AllreduceOptimizer(keras.optimizers.Optimizer):
         if callable(loss):
             with tape:
                 if not callable(var_list):
-                    tape.watch(var_list)
+                    # A Keras variable is watched through the TensorFlow variable it holds.
+                    tape.watch([v.value if isinstance(v, keras.Variable) else v
+                                for v in var_list])
                 loss = loss()
         if callable(var_list):
             var_list = var_list()
