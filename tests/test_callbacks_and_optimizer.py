@@ -415,3 +415,13 @@ def test_module_doctests():
                  "kdist.distribute.sync_batch_norm", "kdist.comm.tensors"):
         result = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)
         assert result.attempted > 0 and result.failed == 0, name
+
+
+def test_tensor_reducer_scales_in_a_world_of_one_as_allreduce_does():
+    reducer = kdist.comm.TensorReducer(prescale_factor=0.5, postscale_factor=3.0)
+    scaled, missing = reducer([tf.constant([2.0]), None])
+    assert scaled.numpy().tolist() == [3.0] and missing is None
+    assert float(kdist.allreduce(tf.constant([2.0]), prescale_factor=0.5,
+                                 postscale_factor=3.0)[0]) == 3.0
+    with pytest.raises(ValueError, match="more than one group"):
+        kdist.comm.TensorReducer(groups=[[0, 1], [1]])

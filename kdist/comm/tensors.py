@@ -78,7 +78,9 @@ class TensorReducer:
         comm = self.comm
         tensors = list(tensors)
         if comm.size == 1:
-            return tensors
+            factor = self.prescale_factor * self.postscale_factor
+            return [t if t is None or factor == 1.0 else _scaled(_dense(t), factor)
+                    for t in tensors]
         import tensorflow as tf
 
         reduced = list(tensors)
