@@ -338,8 +338,7 @@ class AllreduceOptimizer(keras.optimizers.Optimizer):
         return self._reduce
 
     def _count_pass(self):
-        # A pass without an update still counts in `iterations`, as in Horovod and
-        # Keras's own gradient accumulation.
+        # A pass without an update still counts in `iterations`, as in Horovod.
         counter = self.inner_optimizer.iterations
         if not isinstance(counter, keras.Variable):
             counter = self.inner_optimizer._iterations
