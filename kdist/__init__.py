@@ -68,27 +68,33 @@ from kdist.comm.capabilities import (  # noqa: E402
 # --help` start without importing TensorFlow.
 _LAZY_MODULES = ("callbacks", "distribute", "gan", "optimizers", "precision", "ps", "sparsity",
                  "tune")
+_LAZY_NAMES = {
+    "DistributedOptimizer": "kdist.optimizers",
+    "PartialDistributedOptimizer": "kdist.optimizers",
+    "SyncBatchNormalization": "kdist.distribute.sync_batch_norm",
+}
 
 
 def __getattr__(name):
     if name in _LAZY_MODULES:
         return _importlib.import_module(f"kdist.{name}")
-    if name == "DistributedOptimizer":
-        return _importlib.import_module("kdist.optimizers").DistributedOptimizer
+    if name in _LAZY_NAMES:
+        return getattr(_importlib.import_module(_LAZY_NAMES[name]), name)
     raise AttributeError(f"module 'kdist' has no attribute {name!r}")
 
 
 def __dir__():
-    return sorted(list(globals()) + list(_LAZY_MODULES) + ["DistributedOptimizer"])
+    return sorted(list(globals()) + list(_LAZY_MODULES) + list(_LAZY_NAMES))
 
 __all__ = [
-    "Adasum", "Average", "Compression", "DistributedOptimizer", "Max", "Min", "ProcessSet",
-    "Product", "Sum", "add_process_set", "allgather", "allgather_object", "allreduce",
-    "alltoall", "barrier", "broadcast", "broadcast_object", "broadcast_variables",
-    "callbacks", "ccl_built", "comm", "cross_rank", "cross_size", "cuda_built", "ddl_built",
-    "distribute", "gan", "global_process_set", "gloo_built", "gloo_enabled",
-    "grouped_allreduce", "init", "is_homogeneous", "is_initialized", "join", "local_rank",
-    "local_size", "mpi_built", "mpi_enabled", "mpi_threads_supported", "nccl_built",
-    "optimizers", "precision", "ps", "rank", "reducescatter", "remove_process_set",
-    "rocm_built", "shutdown", "size", "sparsity", "tune", "__version__",
+    "Adasum", "Average", "Compression", "DistributedOptimizer", "Max", "Min",
+    "PartialDistributedOptimizer", "ProcessSet", "Product", "Sum", "SyncBatchNormalization",
+    "add_process_set", "allgather", "allgather_object", "allreduce", "alltoall", "barrier",
+    "broadcast", "broadcast_object", "broadcast_variables", "callbacks", "ccl_built", "comm",
+    "cross_rank", "cross_size", "cuda_built", "ddl_built", "distribute", "gan",
+    "global_process_set", "gloo_built", "gloo_enabled", "grouped_allreduce", "init",
+    "is_homogeneous", "is_initialized", "join", "local_rank", "local_size", "mpi_built",
+    "mpi_enabled", "mpi_threads_supported", "nccl_built", "optimizers", "precision", "ps",
+    "rank", "reducescatter", "remove_process_set", "rocm_built", "shutdown", "size",
+    "sparsity", "tune", "__version__",
 ]

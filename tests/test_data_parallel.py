@@ -49,5 +49,5 @@ def test_gradient_accumulation_equals_one_larger_batch(mpirun, python_run):
     args = ["--global-batch", 16, "--steps", 10]
     accumulated = mpirun("train.py", n=2, args=args + ["--accumulate", 2])
     single = python_run("train.py", args)
-    assert accumulated.rank(0)["iterations"] == 10
+    assert accumulated.rank(0)["iterations"] == 10 * 2, "every backward pass counts"
     np.testing.assert_allclose(accumulated.rank(0)["weights"], single["weights"], atol=1e-5)

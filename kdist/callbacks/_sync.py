@@ -6,6 +6,7 @@ from kdist.comm import collectives, joining
 from kdist.comm import processes
 
 _joined = weakref.WeakKeyDictionary()  # model -> the last epoch it joined at
+_local = weakref.WeakKeyDictionary()  # model -> ids of the variables each rank keeps to itself
 
 
 def join_once(model, epoch):
@@ -26,12 +27,19 @@ def join_once(model, epoch):
     if anyone_fell_behind:
         from kdist.callbacks.broadcast import model_state
 
-        collectives.broadcast_variables(model_state(model), root_rank=last)
+        local = _local.get(model, ())
+        shared = [v for v in model_state(model) if id(v) not in local]
+        collectives.broadcast_variables(shared, root_rank=last)
     _joined[model] = epoch
 
 
 def forget(model):
     _joined.pop(model, None)
+
+
+def keep_local(model, variables):
+    """Leaves `variables` out when the model is copied from the last rank to join."""
+    _local[model] = {id(v) for v in variables}
 
 
 def built(model):

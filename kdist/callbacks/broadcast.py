@@ -5,6 +5,7 @@ import logging
 import keras
 import numpy as np
 
+from kdist import _args
 from kdist.callbacks import _sync
 from kdist.comm import collectives
 from kdist.comm import processes
@@ -46,30 +47,60 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     name instead of hanging. It also keeps ranks with uneven numbers of
     batches in step: at each epoch's end it joins (see `kdist.join`).
 
+    Args:
+        root_rank: the rank whose values every rank starts from.
+        device: accepted for compatibility with Horovod; has no effect.
+        local_variables: a variable or variables that keep each rank's own
+            value, at the start and when ranks are brought back in step
+            after a join.
+
     Example:
 
     >>> import keras, kdist
     >>> callback = kdist.callbacks.BroadcastGlobalVariablesCallback(0)
     """
 
-    def __init__(self, root_rank=0, device=""):
+    def __init__(self, root_rank=0, device="", local_variables=None):
         super().__init__()
-        self.root_rank = int(root_rank)
+        self.root_rank = _args.whole_number(root_rank, "root_rank")
+        size = processes.size()
+        if not 0 <= self.root_rank < size:
+            raise ValueError(f"root_rank={root_rank!r} is not a rank of this job; the ranks "
+                             f"are 0 to {size - 1}.")
+        self.device = device
         self._pending = False
+        self._local_variables = []
+        if local_variables is not None:
+            if _is_variable(local_variables):
+                local_variables = [local_variables]
+            for variable in local_variables:
+                self.register_local_var(variable)
+
+    def register_local_var(self, var):
+        """Keeps `var` out of the broadcast: every rank keeps its own value."""
+        if not _is_variable(var):
+            raise TypeError("local_variables must be variables (keras.Variable or "
+                            f"tf.Variable); got {type(var).__name__}.")
+        self._local_variables.append(var)
 
     def on_train_begin(self, logs=None):
         _sync.forget(self.model)
+        _sync.keep_local(self.model, self._local_variables)
         self._pending = False
+        core = _sync.distributed_core(self.model)
+        if core is not None:
+            consistency.exclude(core, self._local_variables)
         if _sync.built(self.model):
             self._broadcast()
             return
         self._pending = True
-        core = _sync.distributed_core(self.model)
         if core is not None:
             consistency.before_first_update(core, self._broadcast)
 
     def _broadcast(self):
-        collectives.broadcast_variables(model_state(self.model), root_rank=self.root_rank)
+        local = {id(v) for v in self._local_variables}
+        shared = [v for v in model_state(self.model) if id(v) not in local]
+        collectives.broadcast_variables(shared, root_rank=self.root_rank)
         self._pending = False
         if processes.size() > 1:
             logger.debug("broadcast model and optimizer state from rank %d", self.root_rank)
@@ -119,6 +150,12 @@ class MetricAverageCallback(keras.callbacks.Callback):
         averaged = collectives.allreduce(values)
         for name, value in zip(names, averaged):
             logs[name] = float(value)
+
+
+def _is_variable(value):
+    import tensorflow as tf
+
+    return isinstance(value, (keras.Variable, tf.Variable))
 
 
 def _is_number(value):

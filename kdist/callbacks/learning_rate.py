@@ -1,9 +1,17 @@
-"""Learning-rate schedules for large global batches (Goyal et al. 2017)."""
+"""Learning-rate schedules for large global batches (Goyal et al. 2017).
+
+Epochs here are fractional: batch `b` of epoch `e` starts at position
+`e + b / steps_per_epoch`. A schedule governs the positions from
+`start_epoch` (included) to `end_epoch` (excluded), so schedules with
+fractional bounds hand over to one another in the middle of an epoch.
+"""
 
 import logging
+import numbers
 
 import keras
 
+from kdist import _args
 from kdist.comm import processes
 
 logger = logging.getLogger(__name__)
@@ -14,16 +22,26 @@ def _set_learning_rate(model, value):
     model.optimizer.learning_rate = value
 
 
+def _epoch_bound(value, name):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or value != value:
+        raise TypeError(f"{name} must be a number of epochs; got {value!r}.")
+    if value < 0:
+        raise ValueError(f"{name} must be 0 or more; got {value!r}.")
+    return int(value) if float(value).is_integer() else float(value)
+
+
 class LearningRateScheduleCallback(keras.callbacks.Callback):
     """Sets `lr = initial_lr * multiplier(epoch)` between `start_epoch` and `end_epoch`.
 
     Args:
         initial_lr: the learning rate the multiplier scales (usually already
             scaled by `kdist.size()`).
-        multiplier: a number, or a function of the (fractional) epoch.
-        start_epoch, end_epoch: the epochs this schedule governs (end excluded;
-            None means until training ends).
-        staircase: change once per epoch (True) or after every batch (False).
+        multiplier: a number, or a function of the epoch.
+        start_epoch, end_epoch: the (possibly fractional) epochs this schedule
+            governs (end excluded; None means until training ends).
+        staircase: change once per epoch, passing the multiplier the whole
+            epoch number (True), or before every batch, passing the
+            fractional epoch (False).
         steps_per_epoch: batches per epoch, when Keras cannot tell.
 
     Example:
@@ -31,30 +49,41 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
     >>> import kdist
     >>> decay = kdist.callbacks.LearningRateScheduleCallback(
     ...     initial_lr=0.1, multiplier=lambda epoch: 0.1 ** (epoch // 30), start_epoch=5)
+    >>> round(decay.learning_rate_at(30), 6)
+    0.01
     """
 
     def __init__(self, initial_lr, multiplier, start_epoch=0, end_epoch=None, staircase=True,
                  momentum_correction=None, steps_per_epoch=None, verbose=0):
         super().__init__()
-        if float(initial_lr) <= 0:
-            raise ValueError(f"initial_lr must be positive; got {initial_lr}.")
-        if end_epoch is not None and end_epoch <= start_epoch:
+        self.initial_lr = _args.positive_number(initial_lr, "initial_lr")
+        if callable(multiplier):
+            self.multiplier = multiplier
+        elif isinstance(multiplier, numbers.Real) and not isinstance(multiplier, bool):
+            self.multiplier = lambda epoch: multiplier
+        else:
+            raise TypeError("multiplier must be a number or a function of the epoch; got "
+                            f"{type(multiplier).__name__}.")
+        self.start_epoch = _epoch_bound(start_epoch, "start_epoch")
+        self.end_epoch = None if end_epoch is None else _epoch_bound(end_epoch, "end_epoch")
+        if self.end_epoch is not None and self.end_epoch <= self.start_epoch:
             raise ValueError(f"end_epoch ({end_epoch}) must come after start_epoch "
                              f"({start_epoch}).")
-        self.initial_lr = float(initial_lr)
-        self.multiplier = multiplier if callable(multiplier) else (lambda epoch: multiplier)
-        self.start_epoch = start_epoch
-        self.end_epoch = end_epoch
-        self.staircase = staircase
-        self.steps_per_epoch = steps_per_epoch
+        self.staircase = bool(staircase)
+        self.steps_per_epoch = (None if steps_per_epoch is None else _args.whole_number(
+            steps_per_epoch, "steps_per_epoch", minimum=1))
         self.verbose = verbose
         self._epoch = 0
         if momentum_correction:
             logger.warning("momentum_correction is not applied: Keras 3 optimizers compile "
                            "their momentum into the train step.")
 
-    def _in_range(self, epoch):
-        return epoch >= self.start_epoch and (self.end_epoch is None or epoch < self.end_epoch)
+    def _governs(self, position):
+        return position >= self.start_epoch and (self.end_epoch is None
+                                                 or position < self.end_epoch)
+
+    def _fractional_bounds(self):
+        return any(isinstance(bound, float) for bound in (self.start_epoch, self.end_epoch))
 
     def _steps(self):
         steps = self.steps_per_epoch or (self.params or {}).get("steps")
@@ -63,25 +92,36 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
                              "steps_per_epoch= to the learning-rate callback.")
         return steps
 
+    def _multiplier_epoch(self, epoch, batch):
+        """The epoch the multiplier is evaluated at for this batch."""
+        if self.staircase:
+            return epoch
+        return epoch + batch / self._steps()
+
     def learning_rate_at(self, epoch):
         """The learning rate this schedule gives at a (fractional) epoch."""
         return self.initial_lr * float(self.multiplier(epoch))
 
+    def _adjust(self, epoch, batch):
+        position = epoch if batch == 0 else epoch + batch / self._steps()
+        if self._governs(position):
+            _set_learning_rate(self.model,
+                               self.learning_rate_at(self._multiplier_epoch(epoch, batch)))
+
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch = epoch
-        if self._in_range(epoch) and self.staircase:
-            _set_learning_rate(self.model, self.learning_rate_at(epoch))
+        self._adjust(epoch, 0)
 
     def on_train_batch_begin(self, batch, logs=None):
-        if self.staircase or not self._in_range(self._epoch):
-            return
-        _set_learning_rate(self.model, self.learning_rate_at(self._epoch + batch / self._steps()))
+        if batch == 0 or (self.staircase and not self._fractional_bounds()):
+            return  # the epoch's first batch was handled when the epoch began
+        self._adjust(self._epoch, batch)
 
     def on_epoch_end(self, epoch, logs=None):
         value = float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate))
         if logs is not None:
             logs["learning_rate"] = value
-        if self.verbose and self._in_range(epoch) and processes.rank() == 0:
+        if self.verbose and self._governs(epoch) and processes.rank() == 0:
             print(f"\nEpoch {epoch + 1}: learning rate is {value:.6g}.")
 
 
@@ -89,7 +129,10 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
     """Ramps the learning rate from `initial_lr / size` to `initial_lr` over the first epochs.
 
     A large global batch wants a large learning rate, but not from the first
-    step; the ramp is linear in the (fractional) epoch and updated every batch.
+    step; the ramp is linear in the (fractional) epoch and updated every
+    batch. Each batch trains with the rate reached at its end, so the last
+    batch of the warm-up trains with exactly `initial_lr`, also when
+    `warmup_epochs` is fractional.
 
     Example:
 
@@ -97,15 +140,20 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
     >>> warmup = kdist.callbacks.LearningRateWarmupCallback(initial_lr=0.4, warmup_epochs=5)
     >>> round(warmup.learning_rate_at(0.0), 4) == round(0.4 / kdist.size(), 4)
     True
+    >>> warmup.learning_rate_at(5.0)
+    0.4
     """
 
     def __init__(self, initial_lr, warmup_epochs=5, momentum_correction=None,
                  steps_per_epoch=None, verbose=0):
-        if warmup_epochs <= 0:
-            raise ValueError(f"warmup_epochs must be positive; got {warmup_epochs}.")
+        warmup_epochs = _args.positive_number(warmup_epochs, "warmup_epochs")
+        if warmup_epochs.is_integer():
+            warmup_epochs = int(warmup_epochs)
         self.warmup_epochs = warmup_epochs
 
         def ramp(epoch):
+            if epoch >= warmup_epochs:
+                return 1.0
             size = processes.size()
             return (1.0 + epoch * (size - 1) / warmup_epochs) / size
 
@@ -113,10 +161,15 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
                          staircase=False, momentum_correction=momentum_correction,
                          steps_per_epoch=steps_per_epoch, verbose=verbose)
 
+    def _multiplier_epoch(self, epoch, batch):
+        return epoch + (batch + 1) / self._steps()
+
     def on_epoch_end(self, epoch, logs=None):
-        if epoch == self.warmup_epochs - 1:
+        if epoch + 1 == self.warmup_epochs:
+            # Also when the epoch had fewer batches than announced.
             _set_learning_rate(self.model, self.initial_lr)
         super().on_epoch_end(epoch, logs)
-        if epoch == self.warmup_epochs - 1 and self.verbose and processes.rank() == 0:
+        finished = epoch < self.warmup_epochs <= epoch + 1
+        if finished and self.verbose and processes.rank() == 0:
             print(f"\nEpoch {epoch + 1}: finished warming up to learning rate "
                   f"{self.initial_lr:.6g}.")

@@ -33,9 +33,12 @@ class TensorReducer:
         bucket_bytes: most bytes per fused collective.
         num_groups: if positive, split each list into about this many
             collectives of equal size instead.
-        groups: explicit buckets: a list of lists of tensor indices, each
-            reduced in one collective; tensors in no list travel alone.
-        prescale, postscale: results are `reduce(t * prescale) * postscale`.
+        groups: explicit fusion: a list of lists of positions in the lists
+            this reducer is called with. The floating tensors of each inner
+            list travel in one collective; those in no list travel alone.
+            Overrides `bucket_bytes` and `num_groups`.
+        prescale_factor, postscale_factor: results are
+            `reduce(t * prescale_factor) * postscale_factor`, as in `kdist.allreduce`.
         name: used in log messages and in error reports.
 
     Example:
@@ -47,8 +50,8 @@ class TensorReducer:
     """
 
     def __init__(self, comm=None, compression=None, average=True,
-                 bucket_bytes=DEFAULT_BUCKET_BYTES, num_groups=0, groups=None, prescale=1.0,
-                 postscale=1.0, name="kdist"):
+                 bucket_bytes=DEFAULT_BUCKET_BYTES, num_groups=0, name="kdist", groups=None,
+                 prescale_factor=1.0, postscale_factor=1.0):
         if int(bucket_bytes) <= 0:
             raise ValueError(f"bucket_bytes must be positive; got {bucket_bytes}.")
         if int(num_groups or 0) < 0:
@@ -58,9 +61,9 @@ class TensorReducer:
         self.average = bool(average)
         self.bucket_bytes = int(bucket_bytes)
         self.num_groups = int(num_groups or 0)
-        self.groups = None if groups is None else [sorted(int(i) for i in g) for g in groups]
-        self.prescale = float(prescale)
-        self.postscale = float(postscale)
+        self.groups = _check_groups(groups)
+        self.prescale_factor = float(prescale_factor)
+        self.postscale_factor = float(postscale_factor)
         self.name = name
         self._plans = {}  # signature -> list of buckets (lists of indices)
 
@@ -76,15 +79,19 @@ class TensorReducer:
 
         comm = self.comm
         tensors = list(tensors)
-        if comm.size == 1 and self.prescale * self.postscale == 1.0:
+        if comm.size == 1 and self.prescale_factor * self.postscale_factor == 1.0:
             return tensors
         present = [i for i, t in enumerate(tensors) if t is not None]
         dense = {i: tf.convert_to_tensor(tensors[i]) for i in present}
         reduced = list(tensors)
+        factor = self.prescale_factor * self.postscale_factor
         for i in present:
             if not dense[i].dtype.is_floating:
-                reduced[i] = graph_ops.allreduce([dense[i]], comm, op="sum",
-                                                 label=f"{self.name}, integer tensor")[0]
+                summed = graph_ops.allreduce([dense[i]], comm, op="sum",
+                                             label=f"{self.name}, integer tensor")[0]
+                if factor != 1.0:
+                    summed = tf.cast(tf.cast(summed, tf.float64) * factor, summed.dtype)
+                reduced[i] = summed
         floating = [i for i in present if dense[i].dtype.is_floating]
         for number, bucket in enumerate(self._plan(floating, dense)):
             members = [dense[i] for i in bucket]
@@ -93,11 +100,16 @@ class TensorReducer:
                     raise ValueError(f"{self.name}: cannot reduce a tensor of unknown shape "
                                      f"{t.shape}.")
             results = self.compression.reduce(
-                members, comm, self.average, self.prescale, self.postscale,
+                members, comm, self.average, self.prescale_factor, self.postscale_factor,
                 label=f"{self.name}, bucket {number}", key=(id(self), number))
             for i, result in zip(bucket, results):
                 reduced[i] = result
         return reduced
+
+    @property
+    def plans(self):
+        """The bucket plans made so far: for each list signature, the positions per bucket."""
+        return [list(map(list, plan)) for plan in self._plans.values()]
 
     def _plan(self, indices, dense):
         signature = tuple((i, tuple(dense[i].shape.as_list()), dense[i].dtype.name)
@@ -126,3 +138,21 @@ class TensorReducer:
         self._plans[signature] = plan
         logger.debug("%s: %d tensors in %d bucket(s)", self.name, len(indices), len(plan))
         return plan
+
+
+def _check_groups(groups):
+    """Explicit fusion groups as lists of positions; a position may be in one group only."""
+    if groups is None:
+        return None
+    checked, seen = [], set()
+    for group in groups:
+        positions = [int(i) for i in group]
+        for i in positions:
+            if i < 0:
+                raise ValueError(f"Fusion group positions must be non-negative; got {i}.")
+            if i in seen:
+                raise ValueError(f"Position {i} is in more than one group; each tensor may "
+                                 "be fused with one group only.")
+            seen.add(i)
+        checked.append(positions)
+    return checked

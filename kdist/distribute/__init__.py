@@ -4,6 +4,7 @@
 - `MPIStrategy`: kdist's MPI allreduce as a strategy (`kdist run`, `mpiexec`, `srun`).
 - `MultiWorkerMirroredStrategy`: TensorFlow's multi-worker strategy, working
   with Keras 3 (`kdist launch`, TF_CONFIG, SLURM).
+- `SyncBatchNormalization`: batch normalization over the global batch of all ranks.
 
 Names load on first use, so that `kdist launch` starts its workers without
 importing TensorFlow itself.
@@ -14,6 +15,7 @@ import importlib as _importlib
 _LAZY = {
     "MPIStrategy": "kdist.distribute.mpi_strategy",
     "slice_batches": "kdist.distribute.mpi_strategy",
+    "SyncBatchNormalization": "kdist.distribute.sync_batch_norm",
     "MultiWorkerMirroredStrategy": "kdist.distribute.multi_worker",
     "auto": "kdist.distribute.selection",
     "choose": "kdist.distribute.selection",

@@ -22,6 +22,7 @@ from kdist.comm import collectives
 logger = logging.getLogger(__name__)
 
 _hooks = weakref.WeakKeyDictionary()  # optimizer -> callables to run before its first update
+_excluded = weakref.WeakKeyDictionary()  # optimizer -> ids of variables ranks keep to themselves
 _checked = weakref.WeakSet()
 
 
@@ -30,8 +31,9 @@ def before_first_update(optimizer, hook):
     _hooks.setdefault(optimizer, []).append(hook)
 
 
-def pending(optimizer):
-    return bool(_hooks.get(optimizer))
+def exclude(optimizer, variables):
+    """Leaves `variables` (each rank's own, by design) out of `optimizer`'s first-step check."""
+    _excluded.setdefault(optimizer, set()).update(id(v) for v in variables)
 
 
 def initialized(variables):
@@ -46,16 +48,16 @@ def initialized(variables):
     return True
 
 
-def first_update(optimizer, variables, comm, exclude=()):
+def first_update(optimizer, variables, comm):
     """Runs `optimizer`'s deferred hooks, then checks that ranks agree, once.
 
     Called from the optimizer's `apply`; returns quietly while the variables
     are not initialised yet (TensorFlow then traces the step again).
-    `exclude` holds references (`v.ref()`) to rank-local variables.
     """
     if optimizer in _checked:
         return
-    variables = [v for v in variables if _ref(v) not in exclude]
+    excluded = _excluded.get(optimizer, ())
+    variables = [v for v in variables if id(v) not in excluded]
     if not initialized(variables):
         return
     with tf.init_scope():
@@ -67,10 +69,6 @@ def first_update(optimizer, variables, comm, exclude=()):
                 "call kdist.broadcast_variables(model.variables, root_rank=0) once the model "
                 "is built, or give every rank the same seed."))
     _checked.add(optimizer)
-
-
-def _ref(v):
-    return v.ref() if hasattr(v, "ref") else id(v)
 
 
 def fingerprint(v):

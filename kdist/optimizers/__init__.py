@@ -1,3 +1,8 @@
 """Optimizers for distributed training: gradient averaging across ranks."""
 
-from kdist.optimizers.distributed import AllreduceOptimizer, DistributedOptimizer
+from kdist.optimizers.aggregation import LocalGradientAggregator
+from kdist.optimizers.distributed import (
+    AllreduceOptimizer,
+    DistributedOptimizer,
+    PartialDistributedOptimizer,
+)

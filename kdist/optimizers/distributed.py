@@ -1,40 +1,72 @@
-"""An optimizer that averages gradients across ranks before applying them."""
+"""An optimizer that averages gradients across ranks before applying them.
+
+Two gradient protocols meet here. Keras 3 hands the optimizer this rank's own
+gradients (`apply`, `apply_gradients`, which `fit` and custom loops call);
+they are reduced across ranks once, inside the wrapper. Horovod's TF-Keras-2
+protocol reduces them earlier, in `_compute_gradients`, and passes the result
+to `apply_gradients`; those must not be reduced again. The wrapper tells the
+two apart by a hand-off: `_compute_gradients` leaves a note naming the
+variables and the context it ran in (eager, or the function being traced),
+and the next `apply_gradients` for the same variables in that context takes
+it. Gradients transformed in between (clipped, say) still count as reduced.
+"""
 
 import contextlib
 import logging
+import types
+import weakref
 
 import keras
 from keras import ops
 
+from kdist import Adasum, _args
+from kdist.comm import collectives
 from kdist.comm import compression as compression_lib
 from kdist.comm import fusion
 from kdist.comm import processes
 from kdist.comm import tensors
 from kdist.distribute import consistency
+from kdist.comm.processes import Average, Sum
+from kdist.optimizers.aggregation import LocalGradientAggregator
 
 logger = logging.getLogger(__name__)
 
 
 @keras.saving.register_keras_serializable(package="kdist")
 class AllreduceOptimizer(keras.optimizers.Optimizer):
-    """Wraps a Keras optimizer so that every rank applies the same averaged gradient.
+    """Wraps a Keras optimizer so that every rank applies the same reduced gradient.
 
     Gradients are packed into buckets (one collective per bucket, one bucket
-    for most models) and averaged over the ranks before the wrapped optimizer
-    applies them, so all ranks keep identical weights. Most users reach this
-    class through `kdist.DistributedOptimizer`, Horovod's name for it.
+    for most models) and averaged (or summed) over the ranks before the
+    wrapped optimizer applies them, so all ranks keep identical weights. Most
+    users reach this class through `kdist.DistributedOptimizer`, Horovod's
+    name for it.
 
     Args:
         optimizer: the `keras.optimizers.Optimizer` to wrap.
         compression: `kdist.Compression.none` (default), `.fp16` or `.topk(ratio)`.
-        backward_passes_per_step: accumulate this many local gradients before
-            each allreduce and update.
+        backward_passes_per_step: sum this many local gradients before each
+            allreduce and update (a whole number, at least 1).
         average_aggregated_gradients: with `backward_passes_per_step > 1`,
-            divide the accumulated gradient by that number.
+            divide the summed gradient by that number.
         bucket_bytes: most bytes of gradient per collective.
         num_groups: if positive, split the gradients into about this many
             collectives of equal size instead (overrides `bucket_bytes`).
         name: the optimizer's name.
+        comm: the `kdist.comm.Communicator` to reduce over (the world by default).
+        op: `kdist.Average` (default) or `kdist.Sum`.
+        gradient_predivide_factor: with `op=kdist.Average`, scale gradients by
+            `1 / f` before the sum and by `f / size` after it.
+        sparse_as_dense: reduce `tf.IndexedSlices` gradients (embeddings) as
+            dense tensors; when False they are exchanged with two allgathers
+            (indices and values), which costs less for sparse updates.
+        groups: a number of groups (same as `num_groups`), or a list of lists
+            of variables (or variable paths): each list travels in one
+            collective, variables in no list travel alone.
+        local_variables: variables, layers or variable paths whose gradients
+            stay on this rank (see `register_local_var`).
+        scale_local_gradients: divide local variables' gradients by the
+            number of ranks, as Horovod does.
 
     Example:
 
@@ -47,35 +79,51 @@ class AllreduceOptimizer(keras.optimizers.Optimizer):
 
     def __init__(self, optimizer, compression=None, backward_passes_per_step=1,
                  average_aggregated_gradients=False, bucket_bytes=fusion.DEFAULT_BUCKET_BYTES,
-                 num_groups=0, name=None, comm=None, **kwargs):
-        if isinstance(optimizer, str) or isinstance(optimizer, dict):
+                 num_groups=0, name=None, comm=None, op=None, gradient_predivide_factor=1.0,
+                 sparse_as_dense=False, groups=None, local_variables=None,
+                 scale_local_gradients=True, **kwargs):
+        if isinstance(optimizer, (str, dict)):
             optimizer = keras.optimizers.get(optimizer)
-        if not isinstance(optimizer, keras.optimizers.Optimizer):
-            raise TypeError(
-                "DistributedOptimizer wraps a Keras 3 optimizer (keras.optimizers.Optimizer); "
-                f"got {type(optimizer).__name__}. A tf_keras or Keras 2 optimizer cannot be "
-                "used with Keras 3 models.")
+        _check_keras3_optimizer(optimizer)
         if isinstance(optimizer, AllreduceOptimizer):
             raise ValueError("This optimizer already averages gradients across ranks; "
                              "wrap the plain optimizer once.")
-        if int(backward_passes_per_step) < 1:
-            raise ValueError("backward_passes_per_step must be at least 1; "
-                             f"got {backward_passes_per_step}.")
         if kwargs:
             raise TypeError(f"Unexpected arguments: {sorted(kwargs)}.")
+        op = _check_op(op)
+        backward_passes_per_step = _args.whole_number(
+            backward_passes_per_step, "backward_passes_per_step", minimum=1)
+        gradient_predivide_factor = _args.positive_number(
+            gradient_predivide_factor, "gradient_predivide_factor")
+        if gradient_predivide_factor != 1.0 and op != Average:
+            raise ValueError("gradient_predivide_factor splits an average before and after the "
+                             f"sum; it needs op=kdist.Average, not op={op!r}.")
+        num_groups, groups = _check_groups(groups, num_groups)
+        bucket_bytes = _args.whole_number(bucket_bytes, "bucket_bytes", minimum=1)
         super().__init__(learning_rate=0.0, name=name or f"distributed_{optimizer.name}")
+        self.op = op
+        self.backward_passes_per_step = backward_passes_per_step
+        self.gradient_predivide_factor = gradient_predivide_factor
+        self.num_groups = num_groups
+        self.bucket_bytes = bucket_bytes
+        # Plain Python state in a namespace: Keras scans an optimizer's list and
+        # tuple attributes for variables and would adopt the model's as its own.
+        self._state = types.SimpleNamespace(groups=groups, local_sources=[], handoff=None)
         self.inner_optimizer = optimizer
         self.compression = compression_lib.get(compression)
-        self.backward_passes_per_step = int(backward_passes_per_step)
         self.average_aggregated_gradients = bool(average_aggregated_gradients)
-        self.bucket_bytes = int(bucket_bytes)
-        self.num_groups = int(num_groups or 0)
-        if self.num_groups < 0:
-            raise ValueError(f"num_groups must be 0 or positive; got {num_groups}.")
+        self.sparse_as_dense = bool(sparse_as_dense)
+        self.scale_local_gradients = bool(scale_local_gradients)
+        for source in _as_list(local_variables):
+            self.register_local_var(source)
         self._comm = comm
-        self._reducer = None
+        self._reducers = {}
         self._upstream = False
         self.loss_scale_agreed = False
+        self._agg_helper = None
+        if self.backward_passes_per_step > 1:
+            self._agg_helper = LocalGradientAggregator(
+                self, self.backward_passes_per_step, self.average_aggregated_gradients)
 
     # Read by kdist.precision.LossScaleOptimizer, which averages before it checks.
     reduces_gradients = True
@@ -93,6 +141,13 @@ class AllreduceOptimizer(keras.optimizers.Optimizer):
     def comm(self):
         return self._comm if self._comm is not None else processes.world()
 
+    @property
+    def groups(self):
+        """The explicit fusion groups (lists of variables or paths), or None."""
+        return self._state.groups
+
+    # -- variables ---------------------------------------------------------------------------
+
     def build(self, var_list):
         policy = keras.config.dtype_policy()
         if policy.name == "mixed_float16" and not self.loss_scale_agreed and self.comm.size > 1:
@@ -101,16 +156,16 @@ class AllreduceOptimizer(keras.optimizers.Optimizer):
                 "before it was set, so Keras would check for overflow on each rank alone and "
                 "ranks could disagree about skipping a step. Call "
                 "kdist.precision.enable('mixed_float16') before kdist.DistributedOptimizer(...).")
-        if self.backward_passes_per_step > 1:
-            self._accumulators = [
-                self.add_variable_from_reference(v, name="gradient_accumulator")
-                for v in var_list
-            ]
-            self._passes = self.add_variable(
-                shape=(), dtype="int32", initializer="zeros", aggregation="none",
-                name="backward_passes")
-        self.inner_optimizer.build(var_list)
         super().build(var_list)
+        if self._agg_helper is not None:
+            self._agg_helper.build(var_list)
+        if not self.inner_optimizer.built:
+            self.inner_optimizer.build(var_list)
+
+    def _ensure_built(self, variables):
+        if not self.built:
+            with keras.name_scope(self.name, caller=self):
+                self.build(list(variables))
 
     @property
     def variables(self):
@@ -134,44 +189,247 @@ class AllreduceOptimizer(keras.optimizers.Optimizer):
     def finalize_variable_values(self, var_list):
         self.inner_optimizer.finalize_variable_values(var_list)
 
+    def register_local_var(self, var):
+        """Keeps `var`'s gradient on this rank: it is never reduced across ranks.
+
+        `var` may be a variable, a layer (its trainable weights, looked up
+        when gradients are reduced, so an unbuilt layer works) or a variable
+        path. With `scale_local_gradients` the local gradient is divided by
+        the number of ranks, as Horovod does.
+        """
+        if not (isinstance(var, (str, keras.layers.Layer)) or _is_variable(var)):
+            raise TypeError("register_local_var takes a variable, a layer or a variable path; "
+                            f"got {type(var).__name__}.")
+        self._state.local_sources.append(var)
+
+    def _local_keys(self):
+        ids, paths = set(), set()
+        for source in self._state.local_sources:
+            if isinstance(source, str):
+                paths.add(source)
+            elif isinstance(source, keras.layers.Layer):
+                ids.update(id(w) for w in source.trainable_weights)
+            else:
+                ids.add(id(source))
+        return ids, paths
+
+    # -- Horovod's protocol -------------------------------------------------------------------
+
+    def compute_gradients(self, loss, var_list, tape=None):
+        """Horovod's `compute_gradients`: `_compute_gradients` without `grad_loss`."""
+        return self._compute_gradients(loss, var_list, None, tape)
+
+    def _compute_gradients(self, loss, var_list, grad_loss=None, tape=None):
+        """Returns `[(gradient, variable)]` with gradients reduced over the ranks.
+
+        `loss` is a zero-argument callable, or a tensor computed under
+        `tape`. With `backward_passes_per_step > 1` the gradients are added
+        to this rank's sums; the pass that completes a cycle returns the
+        reduced sums, the others return the local sums so far. Pass the
+        result to `apply_gradients`, which does not reduce it again.
+        """
+        import tensorflow as tf
+
+        if not callable(loss) and tape is None:
+            raise ValueError("A tensor loss needs the tape it was computed under: pass "
+                             "tape=..., or pass the loss as a function of no arguments.")
+        tape = tape if tape is not None else tf.GradientTape()
+        if callable(loss):
+            with tape:
+                if not callable(var_list):
+                    # A Keras variable is watched through the TensorFlow variable it holds.
+                    tape.watch([v.value if isinstance(v, keras.Variable) else v
+                                for v in var_list])
+                loss = loss()
+        if callable(var_list):
+            var_list = var_list()
+        var_list = list(var_list)
+        grads = tape.gradient(loss, var_list, grad_loss)
+        self._ensure_built(var_list)
+        reduce = self._reduction()
+        helper = self._agg_helper
+        if helper is None:
+            reduced = reduce(grads, var_list)
+        else:
+            helper.add(grads, var_list)
+            present = [i for i, g in enumerate(grads) if g is not None]
+            sums = helper.sums(grads, var_list)
+
+            def reduce_and_reset():
+                reduced = helper.finish(reduce(sums, var_list))
+                results = [tf.identity(reduced[i]) for i in present]
+                with tf.control_dependencies(results):
+                    helper.reset()
+                return results
+
+            results = ops.cond(helper.is_last_pass(), reduce_and_reset,
+                               lambda: [sums[i] for i in present])
+            reduced = [None] * len(grads)
+            for i, result in zip(present, results):
+                reduced[i] = result
+        self._state.handoff = (_context_ref(), frozenset(id(v) for v in var_list))
+        return list(zip(reduced, var_list))
+
+    def minimize(self, loss, var_list, grad_loss=None, name=None, tape=None):
+        """Computes, reduces and applies gradients; returns `iterations`."""
+        return self.apply_gradients(self._compute_gradients(loss, var_list, grad_loss, tape))
+
+    def apply_gradients(self, grads_and_vars, name=None, **kwargs):
+        """Applies `(gradient, variable)` pairs, reducing them unless they are already.
+
+        TF-Keras-2 keywords (`experimental_aggregate_gradients`,
+        `skip_gradients_aggregation`) are accepted and ignored: whether to
+        reduce is decided as explained in the module docstring.
+        """
+        grads_and_vars = list(grads_and_vars)
+        grads = [g for g, _ in grads_and_vars]
+        variables = [v for _, v in grads_and_vars]
+        self._step(grads, variables)
+        return self.iterations
+
     def apply(self, grads, trainable_variables=None):
-        if not self.built:
-            with keras.name_scope(self.name, caller=self):
-                self.build(trainable_variables or self._trainable_variables)
-            self.built = True
+        self._step(list(grads), trainable_variables)
+
+    # -- one training pass --------------------------------------------------------------------
+
+    def _take_handoff(self, variables):
+        """True when these gradients came from `_compute_gradients` in this context."""
+        handoff, self._state.handoff = self._state.handoff, None
+        if handoff is None:
+            return False
+        context, ids = handoff
+        return _same_context(context) and ids == frozenset(id(v) for v in variables)
+
+    def _step(self, grads, variables):
+        if not grads:
+            return
+        if variables is None:
+            if not self.built:
+                raise ValueError("Pass the variables with the first gradients, or build the "
+                                 "optimizer first: optimizer.build(trainable_variables).")
+            variables = self._trainable_variables
+        variables = list(variables)
+        self._ensure_built(variables)
         # Before the first update: deferred broadcasts of models built in this
         # step, then a check that every rank starts from the same weights.
-        consistency.first_update(self, trainable_variables or self._trainable_variables,
-                                 self.comm, exclude=getattr(self, "_local_refs", ()))
-        grads = list(grads)
-        upstream = self._upstream or _strategy_reduces()
-        reduce = (lambda g: g) if upstream else self.allreduce_gradients
-        if self.backward_passes_per_step == 1:
-            self.inner_optimizer.apply(reduce(grads), trainable_variables)
+        ids, paths = self._local_keys()
+        consistency.first_update(
+            self, [v for v in variables if id(v) not in ids and _path(v) not in paths],
+            self.comm)
+        inner = self.inner_optimizer
+        helper = self._agg_helper
+        if self._take_handoff(variables):
+            if helper is None:
+                inner.apply(grads, variables)
+            else:
+                ops.cond(helper.is_update_pass(), lambda: inner.apply(grads, variables),
+                         self._count_pass)
             return
-        for accumulator, g in zip(self._accumulators, grads):
-            if g is not None:
-                accumulator.assign_add(ops.cast(_dense(g), accumulator.dtype))
-        self._passes.assign_add(1)
+        reduce = self._reduction()
+        if helper is None:
+            inner.apply(reduce(grads, variables), variables)
+            return
+        helper.add(grads, variables)
 
         def update():
-            scale = 1.0 / self.backward_passes_per_step if self.average_aggregated_gradients else 1.0
-            summed = [None if g is None else ops.multiply(a, scale)
-                      for a, g in zip(self._accumulators, grads)]
-            self.inner_optimizer.apply(reduce(summed), trainable_variables)
-            for accumulator in self._accumulators:
-                accumulator.assign(ops.zeros_like(accumulator))
-            self._passes.assign(0)
+            reduced = helper.finish(reduce(helper.sums(grads, variables), variables))
+            inner.apply(reduced, variables)
+            helper.reset()
 
-        ops.cond(ops.equal(self._passes, self.backward_passes_per_step), update, lambda: None)
+        ops.cond(helper.is_last_pass(), update, self._count_pass)
 
-    def allreduce_gradients(self, grads):
-        """Returns the gradients averaged over all ranks (None entries stay None)."""
-        if self._reducer is None:
-            self._reducer = tensors.TensorReducer(
-                self._comm, self.compression, average=True, bucket_bytes=self.bucket_bytes,
-                num_groups=self.num_groups, name=self.name)
-        return self._reducer(grads)
+    def _reduction(self):
+        """How this pass reduces gradients: not at all when someone upstream does it."""
+        if self._upstream or _strategy_reduces():
+            return lambda grads, variables: grads
+        return self._reduce
+
+    def _count_pass(self):
+        # A pass without an update still counts in `iterations`, as in Horovod.
+        counter = self.inner_optimizer.iterations
+        if not isinstance(counter, keras.Variable):
+            counter = self.inner_optimizer._iterations
+        counter.assign_add(1)
+
+    # -- reduction ----------------------------------------------------------------------------
+
+    def allreduce_gradients(self, grads, variables=None):
+        """Returns the gradients reduced over all ranks (None entries stay None).
+
+        `variables`, in the same order, lets local variables and explicit
+        groups be honoured; by default the variables the optimizer was built
+        with are assumed when the counts match.
+        """
+        grads = list(grads)
+        if variables is None and self.built and len(grads) == len(self._trainable_variables):
+            variables = self._trainable_variables
+        return self._reduce(grads, variables)
+
+    def _reduce(self, grads, variables):
+        import tensorflow as tf
+
+        grads = list(grads)
+        size = self.comm.size
+        if size == 1:
+            return grads
+        ids, paths = self._local_keys()
+        local = [variables is not None and (id(v) in ids or _path(v) in paths)
+                 for v in (variables or [None] * len(grads))]
+        reduced = list(grads)
+        dense = [None] * len(grads)
+        for i, grad in enumerate(grads):
+            if grad is None or local[i]:
+                continue
+            if isinstance(grad, tf.IndexedSlices) and not self.sparse_as_dense:
+                reduced[i] = self._reduce_slices(grad)
+            else:
+                dense[i] = grad
+        if any(g is not None for g in dense):
+            results = self._reducer_for(self._group_positions(variables))(dense)
+            for i, result in enumerate(results):
+                if dense[i] is not None:
+                    reduced[i] = result
+        if self.scale_local_gradients:
+            for i, grad in enumerate(grads):
+                if grad is not None and local[i]:
+                    reduced[i] = _divide(grad, size)
+        return reduced
+
+    def _reduce_slices(self, grad):
+        """A sparse gradient's reduction: every rank's rows, gathered (and averaged)."""
+        import tensorflow as tf
+
+        values = collectives.allgather(grad.values, comm=self.comm, name=f"{self.name}_values")
+        indices = collectives.allgather(grad.indices, comm=self.comm,
+                                        name=f"{self.name}_indices")
+        if self.op == Average:
+            values = values / self.comm.size
+        return tf.IndexedSlices(values, indices, dense_shape=grad.dense_shape)
+
+    def _group_positions(self, variables):
+        if self.groups is None or variables is None:
+            return None
+        positions = []
+        for group in self.groups:
+            ids = {id(m) for m in group if not isinstance(m, str)}
+            paths = {m for m in group if isinstance(m, str)}
+            members = [i for i, v in enumerate(variables) if id(v) in ids or _path(v) in paths]
+            if members:
+                positions.append(tuple(members))
+        return tuple(positions)
+
+    def _reducer_for(self, groups):
+        reducer = self._reducers.get(groups)
+        if reducer is None:
+            average = self.op == Average
+            reducer = self._reducers[groups] = tensors.TensorReducer(
+                self._comm, self.compression, average=average, bucket_bytes=self.bucket_bytes,
+                num_groups=self.num_groups, name=self.name, groups=groups,
+                prescale_factor=1.0 / self.gradient_predivide_factor,
+                postscale_factor=self.gradient_predivide_factor)
+        return reducer
+
+    # -- serialisation ------------------------------------------------------------------------
 
     def get_config(self):
         return {
@@ -182,6 +440,13 @@ class AllreduceOptimizer(keras.optimizers.Optimizer):
             "average_aggregated_gradients": self.average_aggregated_gradients,
             "bucket_bytes": self.bucket_bytes,
             "num_groups": self.num_groups,
+            "op": self.op,
+            "gradient_predivide_factor": self.gradient_predivide_factor,
+            "sparse_as_dense": self.sparse_as_dense,
+            "groups": None if self.groups is None else [
+                [m if isinstance(m, str) else _path(m) for m in group] for group in self.groups],
+            "local_variables": sorted(_local_paths(self._state.local_sources)),
+            "scale_local_gradients": self.scale_local_gradients,
         }
 
     @classmethod
@@ -190,6 +455,129 @@ class AllreduceOptimizer(keras.optimizers.Optimizer):
         config["optimizer"] = keras.saving.deserialize_keras_object(
             config["optimizer"], custom_objects=custom_objects)
         return cls(**config)
+
+
+def _check_keras3_optimizer(optimizer):
+    if isinstance(optimizer, keras.optimizers.Optimizer):
+        return
+    kind = type(optimizer)
+    module = kind.__module__ or ""
+    if module.startswith(("tf_keras", "tensorflow.python.keras")) or ".legacy" in module:
+        if hasattr(keras.optimizers, kind.__name__):
+            instead = f"keras.optimizers.{kind.__name__}(...)"
+        else:
+            instead = "an optimizer from keras.optimizers"
+        raise TypeError(
+            f"{module}.{kind.__name__} is a TF-Keras 2 (legacy) optimizer, which cannot "
+            f"train Keras 3 models. Use {instead} from Keras 3 instead (with "
+            "learning_rate= rather than lr=).")
+    raise TypeError(
+        "DistributedOptimizer wraps a Keras 3 optimizer (keras.optimizers.Optimizer); "
+        f"got {kind.__name__}. Use one of keras.optimizers, e.g. keras.optimizers.Adam(...).")
+
+
+def _check_op(op):
+    if op is None or op == Average:
+        return Average
+    if op == Sum:
+        return Sum
+    if op == Adasum:
+        raise ValueError("Adasum is not available in kdist. Use op=kdist.Average (the default) "
+                         "to average gradients, or op=kdist.Sum to add them.")
+    raise ValueError(f"DistributedOptimizer reduces gradients with op=kdist.Average or "
+                     f"op=kdist.Sum; got op={op!r}.")
+
+
+def _check_groups(groups, num_groups):
+    """(num_groups, explicit groups) from Horovod's `groups` and `num_groups`."""
+    num_groups = _args.whole_number(num_groups or 0, "num_groups", minimum=0)
+    if groups is None:
+        return num_groups, None
+    if not isinstance(groups, (list, tuple)):
+        count = _args.whole_number(groups, "groups", minimum=1)
+        return count, None
+    explicit, seen = [], set()
+    for group in groups:
+        if not isinstance(group, (list, tuple)):
+            raise TypeError("groups must be a number of groups or a list of lists of variables; "
+                            f"got a {type(group).__name__} inside the list.")
+        members = []
+        for member in group:
+            if not (isinstance(member, str) or _is_variable(member)):
+                raise TypeError("Each group lists variables (or variable paths); got "
+                                f"{type(member).__name__}.")
+            key = member if isinstance(member, str) else _path(member)
+            if key in seen:
+                raise ValueError(f"Variable '{key}' is in more than one group; each gradient "
+                                 "travels in one collective only.")
+            seen.add(key)
+            members.append(member)
+        explicit.append(members)
+    return num_groups, explicit
+
+
+def _is_variable(value):
+    import tensorflow as tf
+
+    return isinstance(value, (keras.Variable, tf.Variable))
+
+
+def _path(variable):
+    return getattr(variable, "path", None) or getattr(variable, "name", None)
+
+
+def _local_paths(sources):
+    paths = set()
+    for source in sources:
+        if isinstance(source, str):
+            paths.add(source)
+        elif isinstance(source, keras.layers.Layer):
+            paths.update(_path(w) for w in source.trainable_weights)
+        else:
+            paths.add(_path(source))
+    return paths
+
+
+def _as_list(value):
+    if value is None:
+        return []
+    if isinstance(value, (str, keras.layers.Layer)) or _is_variable(value):
+        return [value]
+    return list(value)
+
+
+def _divide(grad, size):
+    import tensorflow as tf
+
+    if isinstance(grad, tf.IndexedSlices):
+        return tf.IndexedSlices(grad.values / size, grad.indices, grad.dense_shape)
+    return grad / size
+
+
+def _context_ref():
+    """A reference to where this code runs: None when eager, else the graph being built."""
+    import tensorflow as tf
+
+    if tf.executing_eagerly():
+        return None
+    return weakref.ref(tf.compat.v1.get_default_graph())
+
+
+def _same_context(context):
+    """Whether code running now is in `context`, or in a function nested inside it."""
+    import tensorflow as tf
+
+    if context is None:
+        return tf.executing_eagerly()
+    if tf.executing_eagerly():
+        return False
+    wanted = context()
+    graph = tf.compat.v1.get_default_graph()
+    while graph is not None:
+        if graph is wanted:
+            return True
+        graph = getattr(graph, "outer_graph", None)
+    return False
 
 
 def _strategy_reduces():
@@ -201,25 +589,19 @@ def _strategy_reduces():
     return isinstance(tf.distribute.get_strategy(), MPIStrategy)
 
 
-def _dense(gradient):
-    import tensorflow as tf
+def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="",
+                         compression=None, sparse_as_dense=False, gradient_predivide_factor=1.0,
+                         op=Average, backward_passes_per_step=1,
+                         average_aggregated_gradients=False, num_groups=0, groups=None,
+                         scale_local_gradients=True, bucket_bytes=None, comm=None):
+    """Horovod's `DistributedOptimizer` for Keras 3: reduces gradients over ranks.
 
-    if isinstance(gradient, tf.IndexedSlices):
-        return tf.convert_to_tensor(gradient)
-    return gradient
-
-
-def DistributedOptimizer(optimizer, name=None, compression=None, backward_passes_per_step=1,
-                         average_aggregated_gradients=False, sparse_as_dense=True,
-                         device_dense="", device_sparse="", gradient_predivide_factor=1.0,
-                         op=None, num_groups=0, groups=None, bucket_bytes=None, comm=None):
-    """Horovod's `DistributedOptimizer` for Keras 3: averages gradients over ranks.
-
-    Takes Horovod's arguments. Sparse gradients are always reduced as dense;
+    Takes Horovod's arguments, in Horovod's order. `op` is `kdist.Average`
+    (default) or `kdist.Sum`; `kdist.Adasum` raises `ValueError`.
     `device_dense`/`device_sparse` are accepted for compatibility (reduction
-    happens on the host); `gradient_predivide_factor` changes nothing in an
-    average computed in float32 and is accepted for compatibility.
-    `num_groups` splits the gradients into that many collectives.
+    happens on the host). `groups` is a number of collectives or a list of
+    lists of variables fused together. `sparse_as_dense=False` exchanges
+    embedding gradients (`tf.IndexedSlices`) by allgather.
 
     Under the `mixed_float16` policy (see `kdist.precision.enable`) the result
     also scales the loss, and whether gradients overflowed is decided by all
@@ -230,19 +612,62 @@ def DistributedOptimizer(optimizer, name=None, compression=None, backward_passes
     >>> import keras, kdist
     >>> opt = kdist.DistributedOptimizer(keras.optimizers.Adam(1e-3),
     ...                                  compression=kdist.Compression.fp16)
+    >>> opt.op
+    'average'
     """
-    from kdist.comm.processes import Average, Sum
+    return _distributed(optimizer, name=name, compression=compression,
+                        sparse_as_dense=sparse_as_dense,
+                        gradient_predivide_factor=gradient_predivide_factor, op=op,
+                        backward_passes_per_step=backward_passes_per_step,
+                        average_aggregated_gradients=average_aggregated_gradients,
+                        num_groups=num_groups, groups=groups,
+                        scale_local_gradients=scale_local_gradients,
+                        bucket_bytes=bucket_bytes, comm=comm)
 
-    if op not in (None, Average):
-        raise ValueError(f"DistributedOptimizer averages gradients; op={op!r} is not supported."
-                         + (" Use op=kdist.Average." if op == Sum else ""))
-    if groups is not None:
-        raise ValueError("Explicit gradient `groups` are not supported; use num_groups=N or "
-                         "bucket_bytes=... to control how gradients are fused.")
-    if bucket_bytes is None:
-        bucket_bytes = fusion.DEFAULT_BUCKET_BYTES
+
+def PartialDistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="",
+                                compression=None, sparse_as_dense=False,
+                                gradient_predivide_factor=1.0, op=Average,
+                                backward_passes_per_step=1, average_aggregated_gradients=False,
+                                groups=None, local_layers=None, scale_local_gradients=True,
+                                bucket_bytes=None, comm=None):
+    """Horovod's `PartialDistributedOptimizer`: `local_layers` train on each rank alone.
+
+    The gradients of the layers' trainable weights are not reduced across
+    ranks (with `scale_local_gradients` they are divided by the number of
+    ranks, as Horovod does); everything else is as in `DistributedOptimizer`.
+
+    Example:
+
+    >>> import keras, kdist
+    >>> head = keras.layers.Dense(2)
+    >>> opt = kdist.PartialDistributedOptimizer(keras.optimizers.SGD(0.1), local_layers=[head])
+    """
+    if local_layers is None:
+        local_layers = []
+    elif isinstance(local_layers, keras.layers.Layer):
+        local_layers = [local_layers]
+    else:
+        local_layers = list(local_layers)
+        for layer in local_layers:
+            if not isinstance(layer, keras.layers.Layer):
+                raise TypeError("local_layers must be Keras layers; got "
+                                f"{type(layer).__name__}.")
+    return _distributed(optimizer, name=name, compression=compression,
+                        sparse_as_dense=sparse_as_dense,
+                        gradient_predivide_factor=gradient_predivide_factor, op=op,
+                        backward_passes_per_step=backward_passes_per_step,
+                        average_aggregated_gradients=average_aggregated_gradients,
+                        groups=groups, local_variables=local_layers,
+                        scale_local_gradients=scale_local_gradients,
+                        bucket_bytes=bucket_bytes, comm=comm)
+
+
+def _distributed(optimizer, bucket_bytes=None, **kwargs):
     from kdist import precision
 
+    if bucket_bytes is None:
+        bucket_bytes = fusion.DEFAULT_BUCKET_BYTES
     scaling = {}
     inner_scaled = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
     if inner_scaled:
@@ -251,10 +676,7 @@ def DistributedOptimizer(optimizer, name=None, compression=None, backward_passes
         scaling = {"initial_scale": optimizer.initial_scale,
                    "dynamic_growth_steps": optimizer.dynamic_growth_steps}
         optimizer = optimizer.inner_optimizer
-    wrapped = AllreduceOptimizer(
-        optimizer, compression=compression, backward_passes_per_step=backward_passes_per_step,
-        average_aggregated_gradients=average_aggregated_gradients, bucket_bytes=bucket_bytes,
-        num_groups=num_groups, name=name, comm=comm)
+    wrapped = AllreduceOptimizer(optimizer, bucket_bytes=bucket_bytes, **kwargs)
     if inner_scaled or precision.loss_scaling_enabled():
         return precision.LossScaleOptimizer(wrapped, **scaling)
     return wrapped

@@ -95,6 +95,6 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         inner = self.inner_optimizer
         if not getattr(inner, "reduces_gradients", False):
             return super().apply(grads, trainable_variables)
-        grads = inner.allreduce_gradients(list(grads))
+        grads = inner.allreduce_gradients(list(grads), trainable_variables)
         with inner.reduced_upstream():
             return super().apply(grads, trainable_variables)

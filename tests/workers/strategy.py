@@ -78,5 +78,5 @@ report({
     "predictions": np.asarray(predictions, dtype=np.float64).tolist(),
     "iterations": int(model.optimizer.iterations.numpy()),
     "optimizer": type(model.optimizer).__name__,
-    "optimizer_reduced_itself": getattr(model.optimizer, "_reducer", None) is not None,
+    "optimizer_reduced_itself": bool(getattr(model.optimizer, "_reducers", None)),
 })
