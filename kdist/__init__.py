@@ -45,6 +45,11 @@ from kdist.comm import (  # noqa: E402
     size,
 )
 
+from kdist import _registration  # noqa: E402
+
+# Saved models name kdist's classes: register them with Keras when it is imported.
+_registration.install()
+
 # Modules that need Keras load on first use, so that `kdist run` and `kdist
 # --help` start without importing TensorFlow.
 _LAZY_MODULES = ("callbacks", "distribute", "gan", "optimizers", "precision", "ps", "sparsity",
