@@ -55,24 +55,27 @@ _registration.install()
 _LAZY_MODULES = ("callbacks", "distribute", "gan", "optimizers", "precision", "ps", "sparsity",
                  "tune")
 
+# Horovod's top-level names that live in kdist.optimizers.
+_LAZY_NAMES = ("DistributedOptimizer", "load_model")
+
 
 def __getattr__(name):
     if name in _LAZY_MODULES:
         return _importlib.import_module(f"kdist.{name}")
-    if name == "DistributedOptimizer":
-        return _importlib.import_module("kdist.optimizers").DistributedOptimizer
+    if name in _LAZY_NAMES:
+        return getattr(_importlib.import_module("kdist.optimizers"), name)
     raise AttributeError(f"module 'kdist' has no attribute {name!r}")
 
 
 def __dir__():
-    return sorted(list(globals()) + list(_LAZY_MODULES) + ["DistributedOptimizer"])
+    return sorted(list(globals()) + list(_LAZY_MODULES) + list(_LAZY_NAMES))
 
 __all__ = [
     "Average", "Compression", "DistributedOptimizer", "Max", "Min", "Product", "Sum",
     "allgather", "allgather_object", "allreduce", "barrier", "broadcast", "broadcast_object",
     "broadcast_variables", "callbacks", "comm", "cross_rank", "distribute", "cross_size", "gan",
     "init",
-    "is_initialized", "join", "local_rank", "local_size", "mpi_enabled",
+    "is_initialized", "join", "load_model", "local_rank", "local_size", "mpi_enabled",
     "mpi_threads_supported", "optimizers", "precision", "ps", "rank", "shutdown", "size",
     "__version__",
 ]

@@ -4,6 +4,7 @@ import contextlib
 import logging
 
 import keras
+import numpy as np
 from keras import ops
 
 from kdist.comm import compression as compression_lib
@@ -75,6 +76,11 @@ class AllreduceOptimizer(keras.optimizers.Optimizer):
         self._reducer = None
         self._upstream = False
         self.loss_scale_agreed = False
+        # This wrapper's own variables that exist before `build` (Keras's step
+        # count and learning rate, both unused: the inner optimizer's count).
+        self._variables_before_build = len(self._variables)
+        # State given to `set_weights` before there were variables to hold it.
+        self._pending_state = None
 
     # Read by kdist.precision.LossScaleOptimizer, which averages before it checks.
     reduces_gradients = True
@@ -93,6 +99,12 @@ class AllreduceOptimizer(keras.optimizers.Optimizer):
         return self._comm if self._comm is not None else processes.world()
 
     def build(self, var_list):
+        if not var_list and not self.built:
+            # Keras's .h5 loader builds the optimizer with the model's own
+            # variables, none for a model made of layers; an inner optimizer
+            # built for no variables would refuse the model's. Stay unbuilt
+            # until the model's variables come (`fit` builds before the first step).
+            return
         policy = keras.config.dtype_policy()
         if policy.name == "mixed_float16" and not self.loss_scale_agreed and self.comm.size > 1:
             raise ValueError(
@@ -110,10 +122,39 @@ class AllreduceOptimizer(keras.optimizers.Optimizer):
                 name="backward_passes")
         self.inner_optimizer.build(var_list)
         super().build(var_list)
+        if self._pending_state is not None:
+            state, self._pending_state = self._pending_state, None
+            import tensorflow as tf
+
+            # `build` may run while a train step is traced: assign now, once.
+            with tf.init_scope():
+                _assign(self.variables, state, self.name)
 
     @property
     def variables(self):
-        return self._variables + self.inner_optimizer.variables
+        # The inner optimizer's variables come right after this wrapper's first
+        # ones and before what `build` adds, so that the position of every
+        # variable that exists before `build` is the same as after it.
+        own, first = self._variables, self._variables_before_build
+        return own[:first] + self.inner_optimizer.variables + own[first:]
+
+    def set_weights(self, weights):
+        """Sets this optimizer's state: values in the order of `variables`.
+
+        Before the optimizer is built (Keras's .h5 loader restores it that way)
+        the step count and learning rate are set at once and the rest when
+        `build` creates the variables for the model.
+        """
+        values = [np.asarray(w) for w in weights]
+        if self.built:
+            _assign(self.variables, values, self.name)
+            return
+        existing = self.variables
+        if len(values) < len(existing):
+            raise ValueError(f"Optimizer {self.name!r} has {len(existing)} variables before "
+                             f"it is built but got {len(values)} values.")
+        _assign(existing, values[:len(existing)], self.name)
+        self._pending_state = values
 
     @property
     def iterations(self):
@@ -185,6 +226,22 @@ class AllreduceOptimizer(keras.optimizers.Optimizer):
         config["optimizer"] = keras.saving.deserialize_keras_object(
             config["optimizer"], custom_objects=custom_objects)
         return cls(**config)
+
+
+def _assign(variables, values, owner):
+    """Assigns `values` to `variables` in order, after checking count and shapes."""
+    if len(values) != len(variables):
+        raise ValueError(
+            f"The optimizer state given to {owner!r} has {len(values)} values but the "
+            f"optimizer has {len(variables)} variables: it was saved from an optimizer "
+            "built for other variables. Load it into the model it was saved with.")
+    for variable, value in zip(variables, values):
+        if tuple(value.shape) != tuple(variable.shape):
+            raise ValueError(
+                f"The optimizer state given to {owner!r} has shape {tuple(value.shape)} "
+                f"for variable '{variable.path}' of shape {tuple(variable.shape)}.")
+    for variable, value in zip(variables, values):
+        variable.assign(value)
 
 
 def _strategy_reduces():
