@@ -78,10 +78,14 @@ def load_state(path, variables):
         for name, indices in saved.items():
             unexpected += [name] * (len(indices) - len(here.get(name, [])))
         if missing or unexpected:
+            differences = []
+            if missing:
+                differences.append(f"it holds no value for {_names(missing)} of this model")
+            if unexpected:
+                differences.append(f"it holds {_names(unexpected)}, which this model lacks")
             raise ValueError(
-                f"Checkpoint {path} was written by another model: it does not hold "
-                f"{_names(missing)} of this model, and holds {_names(unexpected)} that "
-                f"this model does not have.{_renamed_hint(data, meta, variables)}")
+                f"Checkpoint {path} was written by another model: {'; '.join(differences)}."
+                f"{_renamed_hint(data, meta, variables)}")
         values, mismatched = [], []
         for variable, name, index in pairs:
             value = data[f"v{index:05d}"]
@@ -106,8 +110,6 @@ def _positions(paths):
 
 
 def _names(names, quote=True, shown=10):
-    if not names:
-        return "nothing"
     listed = [f"'{n}'" if quote else n for n in names[:shown]]
     more = f" and {len(names) - shown} more" if len(names) > shown else ""
     return ", ".join(listed) + more
@@ -119,9 +121,10 @@ def _renamed_hint(data, meta, variables):
             tuple(data[f"v{i:05d}"].shape) != tuple(v.shape) for i, v in enumerate(variables)):
         return ""
     return (" The variables have the same shapes in the same order, so this may be the same "
-            "model with other names: Keras numbers the automatic names of layers built again "
-            "in one Python process (dense_1, dense_2, ...). Name the layers and the model, or "
-            "call keras.backend.clear_session() before building the model.")
+            "model under other names: Keras numbers the automatic names of layers, models and "
+            "optimizers made again in one Python process (dense_1, adam_1, ...). Resume in a "
+            "new process, give them names, or call keras.backend.clear_session() before "
+            "building the model.")
 
 
 def latest_checkpoint(directory):

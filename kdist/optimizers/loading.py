@@ -1,5 +1,7 @@
 """Horovod's `load_model`: a saved model comes back with a distributed optimizer."""
 
+import warnings
+
 import keras
 
 from kdist.optimizers.distributed import AllreduceOptimizer, DistributedOptimizer, _assign
@@ -47,7 +49,10 @@ def load_model(filepath, custom_optimizers=None, custom_objects=None, compressio
                             f"keras.optimizers.Optimizer); got {cls!r}.")
         objects[cls.__name__] = cls
     objects.update(custom_objects or {})
-    model = keras.models.load_model(filepath, custom_objects=objects)
+    with warnings.catch_warnings():
+        # kdist's advice to load with this very function; the state is restored below.
+        warnings.filterwarnings("ignore", message="Keras's .h5 loader built the plain")
+        model = keras.models.load_model(filepath, custom_objects=objects)
     with keras.saving.custom_object_scope(objects):
         replaced = {name: _distributed(optimizer, variables, filepath, compression)
                     for name, optimizer, variables in _plain_optimizers(model)}

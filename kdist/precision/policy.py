@@ -11,6 +11,7 @@ collective.
 """
 
 import logging
+import warnings
 
 import keras
 
@@ -114,7 +115,15 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
                              f"but got {len(weights)} values.")
         for variable, value in zip(own, weights):
             variable.assign(value)
-        self.inner_optimizer.set_weights(weights[len(own):])
+        inner = self.inner_optimizer
+        if not self.built and not getattr(inner, "reduces_gradients", False):
+            warnings.warn(
+                f"Keras's .h5 loader built the plain optimizer {inner.name!r} inside "
+                f"{self.name!r} for no variables: it keeps its step count but loses its slots, "
+                "and the model cannot train until it is compiled again. Save to a .keras "
+                "file, or load with kdist.load_model(path), which restores the whole state.",
+                stacklevel=2)
+        inner.set_weights(weights[len(own):])
 
     def apply(self, grads, trainable_variables=None):
         inner = self.inner_optimizer
