@@ -387,7 +387,7 @@ def test_variables_sharing_a_path_are_matched_in_their_order(tmp_path):
     path = str(tmp_path / "epoch-000001.npz")
 
     def variables(values):
-        # Two variables with one path, as two optimizers both named "adam" give.
+        # Two variables with one path, as two optimizers given one name give.
         return [keras.Variable(value, name=name) for name, value in values]
 
     saved = variables([("step", 1), ("scale", [0.5, 0.25]), ("step", 2)])

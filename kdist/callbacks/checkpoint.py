@@ -61,8 +61,8 @@ def load_state(path, variables):
 
     Each variable gets the value saved under its path (`variable.path`), so
     the order in which a model creates its variables does not matter.
-    Variables that share a path (two optimizers with the same name both hold
-    "adam/iteration") are matched in the order they come. Nothing is assigned
+    Variables that share a path (two optimizers given the same name both
+    hold "<name>/iteration") are matched in the order they come. Nothing is assigned
     unless every variable finds a value of its shape and every saved value a
     variable; otherwise a ValueError names the variables that differ.
     """
