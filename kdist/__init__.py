@@ -45,11 +45,6 @@ from kdist.comm import (  # noqa: E402
     size,
 )
 
-from kdist import _registration  # noqa: E402
-
-# Saved models name kdist's classes: register them with Keras when it is imported.
-_registration.install()
-
 # Modules that need Keras load on first use, so that `kdist run` and `kdist
 # --help` start without importing TensorFlow.
 _LAZY_MODULES = ("callbacks", "distribute", "gan", "optimizers", "precision", "ps", "sparsity",
@@ -79,3 +74,9 @@ __all__ = [
     "mpi_threads_supported", "optimizers", "precision", "ps", "rank", "shutdown", "size",
     "__version__",
 ]
+
+from kdist import _registration  # noqa: E402
+
+# Saved models name kdist's classes: register them with Keras when it is imported
+# (now, if it already is). Last, so that the package is complete by then.
+_registration.install()
