@@ -68,10 +68,12 @@ from kdist.comm.capabilities import (  # noqa: E402
 # --help` start without importing TensorFlow.
 _LAZY_MODULES = ("callbacks", "distribute", "gan", "optimizers", "precision", "ps", "sparsity",
                  "tune")
+# Horovod's top-level names that need Keras, and where they live.
 _LAZY_NAMES = {
     "DistributedOptimizer": "kdist.optimizers",
     "PartialDistributedOptimizer": "kdist.optimizers",
     "SyncBatchNormalization": "kdist.distribute.sync_batch_norm",
+    "load_model": "kdist.optimizers",
 }
 
 
@@ -93,8 +95,14 @@ __all__ = [
     "broadcast", "broadcast_object", "broadcast_variables", "callbacks", "ccl_built", "comm",
     "cross_rank", "cross_size", "cuda_built", "ddl_built", "distribute", "gan",
     "global_process_set", "gloo_built", "gloo_enabled", "grouped_allreduce", "init",
-    "is_homogeneous", "is_initialized", "join", "local_rank", "local_size", "mpi_built",
+    "is_homogeneous", "is_initialized", "join", "load_model", "local_rank", "local_size", "mpi_built",
     "mpi_enabled", "mpi_threads_supported", "nccl_built", "optimizers", "precision", "ps",
     "rank", "reducescatter", "remove_process_set", "rocm_built", "shutdown", "size",
     "sparsity", "tune", "__version__",
 ]
+
+from kdist import _registration  # noqa: E402
+
+# Saved models name kdist's classes: register them with Keras when it is imported
+# (now, if it already is). Last, so that the package is complete by then.
+_registration.install()

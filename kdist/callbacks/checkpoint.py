@@ -57,21 +57,74 @@ def write_npz_atomically(path, arrays, meta):
 
 
 def load_state(path, variables):
-    """Assigns the values saved at `path` to `variables`; returns the saved epoch."""
+    """Assigns the values saved at `path` to `variables`, matched by path; returns the epoch.
+
+    Each variable gets the value saved under its path (`variable.path`), so
+    the order in which a model creates its variables does not matter.
+    Variables that share a path (two optimizers given the same name both
+    hold "<name>/iteration") are matched in the order they come. Nothing is assigned
+    unless every variable finds a value of its shape and every saved value a
+    variable; otherwise a ValueError names the variables that differ.
+    """
     with np.load(path) as data:
         meta = json.loads(bytes(data["meta"]).decode())
-        if len(meta["paths"]) != len(variables):
+        saved = _positions(meta["paths"])
+        here = _positions([_variable_path(v) for v in variables])
+        pairs, missing, unexpected = [], [], []
+        for name, positions in here.items():
+            indices = saved.get(name, [])
+            pairs += [(variables[i], name, j) for i, j in zip(positions, indices)]
+            missing += [name] * (len(positions) - len(indices))
+        for name, indices in saved.items():
+            unexpected += [name] * (len(indices) - len(here.get(name, [])))
+        if missing or unexpected:
+            differences = []
+            if missing:
+                differences.append(f"it holds no value for {_names(missing)} of this model")
+            if unexpected:
+                differences.append(f"it holds {_names(unexpected)}, which this model lacks")
             raise ValueError(
-                f"Checkpoint {path} holds {len(meta['paths'])} variables but the model and "
-                f"optimizer have {len(variables)}: it was written by another model.")
-        for i, v in enumerate(variables):
-            value = data[f"v{i:05d}"]
-            if tuple(value.shape) != tuple(v.shape):
-                raise ValueError(
-                    f"Checkpoint {path}: variable '{meta['paths'][i]}' has shape {value.shape} "
-                    f"but '{_variable_path(v)}' here has shape {tuple(v.shape)}.")
-            v.assign(value)
+                f"Checkpoint {path} was written by another model: {'; '.join(differences)}."
+                f"{_renamed_hint(data, meta, variables)}")
+        values, mismatched = [], []
+        for variable, name, index in pairs:
+            value = data[f"v{index:05d}"]
+            if tuple(value.shape) != tuple(variable.shape):
+                mismatched.append(f"'{name}' is {tuple(value.shape)} there and "
+                                  f"{tuple(variable.shape)} here")
+            values.append((variable, value))
+        if mismatched:
+            raise ValueError(f"Checkpoint {path} was written by another model: variable "
+                             f"shapes differ: {_names(mismatched, quote=False)}.")
+    for variable, value in values:
+        variable.assign(value)
     return meta["epoch"]
+
+
+def _positions(paths):
+    """path -> the positions where it occurs, in order."""
+    positions = {}
+    for i, name in enumerate(paths):
+        positions.setdefault(name, []).append(i)
+    return positions
+
+
+def _names(names, quote=True, shown=10):
+    listed = [f"'{n}'" if quote else n for n in names[:shown]]
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(listed) + more
+
+
+def _renamed_hint(data, meta, variables):
+    """A hint when the variables differ by name only: same count, same shapes in order."""
+    if len(meta["paths"]) != len(variables) or any(
+            tuple(data[f"v{i:05d}"].shape) != tuple(v.shape) for i, v in enumerate(variables)):
+        return ""
+    return (" The variables have the same shapes in the same order, so this may be the same "
+            "model under other names: Keras numbers the automatic names of layers, models and "
+            "optimizers made again in one Python process (dense_1, adam_1, ...). Resume in a "
+            "new process, give them names, or call keras.backend.clear_session() before "
+            "building the model.")
 
 
 def latest_checkpoint(directory):
@@ -93,6 +146,11 @@ class Checkpoint(keras.callbacks.Callback):
     checkpoint; if there is one, it is loaded and broadcast to every rank and
     `fit` continues with the next epoch. Rerunning the same command therefore
     resumes an interrupted run.
+
+    Values are matched to variables by path (`variable.path`, such as
+    "sequential/dense/kernel" or "adam/iteration"), so a model that creates
+    its variables in another order resumes correctly, and a checkpoint from
+    another model is refused with the names that differ (see `load_state`).
 
     Args:
         directory: where checkpoints go.

@@ -255,6 +255,16 @@ class GAN(keras.Model):
         return {name: tracker.result() for name, tracker in self._trackers.items()}
 
     # Serialisation.
+    def save(self, filepath, overwrite=True, zipped=None, **kwargs):
+        """Saves the GAN to a `.keras` file: both models, both optimizers, the settings."""
+        if str(filepath).endswith((".h5", ".hdf5")):
+            raise ValueError(
+                f"Cannot save a GAN to {str(filepath)!r}: the legacy .h5 format holds one "
+                "optimizer and names the model's class without its package, so it cannot "
+                "restore a GAN. Save to a .keras file (gan.save('gan.keras')), or the weights "
+                "alone with gan.save_weights('gan.weights.h5').")
+        return super().save(filepath, overwrite=overwrite, zipped=zipped, **kwargs)
+
     def get_config(self):
         config = super().get_config()
         config.update({

@@ -6,3 +6,4 @@ from kdist.optimizers.distributed import (
     DistributedOptimizer,
     PartialDistributedOptimizer,
 )
+from kdist.optimizers.loading import load_model

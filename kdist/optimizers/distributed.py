@@ -17,6 +17,7 @@ import types
 import weakref
 
 import keras
+import numpy as np
 from keras import ops
 
 from kdist import Adasum, _args
@@ -124,6 +125,12 @@ class AllreduceOptimizer(keras.optimizers.Optimizer):
         if self.backward_passes_per_step > 1:
             self._agg_helper = LocalGradientAggregator(
                 self, self.backward_passes_per_step, self.average_aggregated_gradients)
+        # This wrapper's own variables that exist before `build` (Keras's step
+        # count and learning rate, both unused, and the pass counter): their
+        # positions do not change when `build` adds the inner optimizer's.
+        self._variables_before_build = len(self._variables)
+        # State given to `set_weights` before there were variables to hold it.
+        self._pending_state = None
 
     # Read by kdist.precision.LossScaleOptimizer, which averages before it checks.
     reduces_gradients = True
@@ -149,6 +156,12 @@ class AllreduceOptimizer(keras.optimizers.Optimizer):
     # -- variables ---------------------------------------------------------------------------
 
     def build(self, var_list):
+        if not var_list and not self.built:
+            # Keras's .h5 loader builds the optimizer with the model's own
+            # variables, none for a model made of layers; an inner optimizer
+            # built for no variables would refuse the model's. Stay unbuilt
+            # until the model's variables come (`fit` builds before the first step).
+            return
         policy = keras.config.dtype_policy()
         if policy.name == "mixed_float16" and not self.loss_scale_agreed and self.comm.size > 1:
             raise ValueError(
@@ -161,6 +174,13 @@ class AllreduceOptimizer(keras.optimizers.Optimizer):
             self._agg_helper.build(var_list)
         if not self.inner_optimizer.built:
             self.inner_optimizer.build(var_list)
+        if self._pending_state is not None:
+            state, self._pending_state = self._pending_state, None
+            import tensorflow as tf
+
+            # `build` may run while a train step is traced: assign now, once.
+            with tf.init_scope():
+                _assign(self.variables, state, self.name)
 
     def _ensure_built(self, variables):
         if not self.built:
@@ -169,7 +189,29 @@ class AllreduceOptimizer(keras.optimizers.Optimizer):
 
     @property
     def variables(self):
-        return self._variables + self.inner_optimizer.variables
+        # The inner optimizer's variables come right after this wrapper's first
+        # ones and before what `build` adds, so that the position of every
+        # variable that exists before `build` is the same as after it.
+        own, first = self._variables, self._variables_before_build
+        return own[:first] + self.inner_optimizer.variables + own[first:]
+
+    def set_weights(self, weights):
+        """Sets this optimizer's state: values in the order of `variables`.
+
+        Before the optimizer is built (Keras's .h5 loader restores it that way)
+        the step count and learning rate are set at once and the rest when
+        `build` creates the variables for the model.
+        """
+        values = [np.asarray(w) for w in weights]
+        if self.built:
+            _assign(self.variables, values, self.name)
+            return
+        existing = self.variables
+        if len(values) < len(existing):
+            raise ValueError(f"Optimizer {self.name!r} has {len(existing)} variables before "
+                             f"it is built but got {len(values)} values.")
+        _assign(existing, values[:len(existing)], self.name)
+        self._pending_state = values
 
     @property
     def iterations(self):
@@ -578,6 +620,22 @@ def _same_context(context):
             return True
         graph = getattr(graph, "outer_graph", None)
     return False
+
+
+def _assign(variables, values, owner):
+    """Assigns `values` to `variables` in order, after checking count and shapes."""
+    if len(values) != len(variables):
+        raise ValueError(
+            f"The optimizer state given to {owner!r} has {len(values)} values but the "
+            f"optimizer has {len(variables)} variables: it was saved from an optimizer "
+            "built for other variables. Load it into the model it was saved with.")
+    for variable, value in zip(variables, values):
+        if tuple(value.shape) != tuple(variable.shape):
+            raise ValueError(
+                f"The optimizer state given to {owner!r} has shape {tuple(value.shape)} "
+                f"for variable '{variable.path}' of shape {tuple(variable.shape)}.")
+    for variable, value in zip(variables, values):
+        variable.assign(value)
 
 
 def _strategy_reduces():

@@ -11,6 +11,7 @@ collective.
 """
 
 import logging
+import warnings
 
 import keras
 
@@ -90,6 +91,39 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         super().__init__(inner_optimizer, initial_scale=initial_scale,
                          dynamic_growth_steps=dynamic_growth_steps, name=name, **kwargs)
         inner_optimizer.loss_scale_agreed = True
+
+    def build(self, var_list):
+        if getattr(self, "dynamic_scale", None) is None:
+            super().build(var_list)  # the loss scale's variables, then the inner optimizer's
+        else:
+            self.inner_optimizer.build(var_list)
+            super(keras.optimizers.LossScaleOptimizer, self).build(var_list)
+        if not var_list:
+            # Keras's .h5 loader builds with no variables (see AllreduceOptimizer.build):
+            # stay unbuilt so that `fit` builds the inner optimizer for the model's.
+            self.built = False
+
+    def set_weights(self, weights):
+        """Sets the loss scale's state and the inner optimizer's, in the order of `variables`."""
+        weights = list(weights)
+        own = self._variables
+        if getattr(self, "dynamic_scale", None) is None:
+            raise ValueError(f"Build optimizer {self.name!r} before setting its weights: "
+                             "call optimizer.build(model.trainable_variables).")
+        if len(weights) < len(own):
+            raise ValueError(f"Optimizer {self.name!r} has {len(own)} variables of its own "
+                             f"but got {len(weights)} values.")
+        for variable, value in zip(own, weights):
+            variable.assign(value)
+        inner = self.inner_optimizer
+        if not self.built and not getattr(inner, "reduces_gradients", False):
+            warnings.warn(
+                f"Keras's .h5 loader built the plain optimizer {inner.name!r} inside "
+                f"{self.name!r} for no variables: it keeps its step count but loses its slots, "
+                "and the model cannot train until it is compiled again. Save to a .keras "
+                "file, or load with kdist.load_model(path), which restores the whole state.",
+                stacklevel=2)
+        inner.set_weights(weights[len(own):])
 
     def apply(self, grads, trainable_variables=None):
         inner = self.inner_optimizer

@@ -69,9 +69,7 @@ class PruneLowMagnitude(KernelWrapper):
         config = dict(config)
         config["schedule"] = keras.saving.deserialize_keras_object(
             config["schedule"], custom_objects=custom_objects)
-        config["layer"] = keras.saving.deserialize_keras_object(
-            config["layer"], custom_objects=custom_objects)
-        return cls(**config)
+        return super().from_config(config, custom_objects=custom_objects)
 
 
 def prune(model, schedule, skip=()):

@@ -180,13 +180,6 @@ class QuantizeAware(KernelWrapper):
                       keras.activations.serialize(self.deferred_activation))
         return config
 
-    @classmethod
-    def from_config(cls, config, custom_objects=None):
-        config = dict(config)
-        config["layer"] = keras.saving.deserialize_keras_object(
-            config["layer"], custom_objects=custom_objects)
-        return cls(**config)
-
 
 def quantize(model, bits=8, per_channel=True, activations=True, preserve_sparsity=True,
              skip=()):

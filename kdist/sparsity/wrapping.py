@@ -105,6 +105,13 @@ class KernelWrapper(keras.layers.Wrapper):
     def compute_output_shape(self, input_shape):
         return self.base_layer.compute_output_shape(input_shape)
 
+    @classmethod
+    def from_config(cls, config, custom_objects=None):
+        config = dict(config)
+        config["layer"] = keras.saving.deserialize_keras_object(
+            config["layer"], custom_objects=custom_objects)
+        return cls(**config)
+
     def restore_config(self, config):
         """The base layer's config as it is to be once this wrapper is gone."""
         return config

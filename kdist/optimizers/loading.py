@@ -1,0 +1,137 @@
+"""Horovod's `load_model`: a saved model comes back with a distributed optimizer."""
+
+import warnings
+
+import keras
+
+from kdist.optimizers.distributed import AllreduceOptimizer, DistributedOptimizer, _assign
+
+
+def load_model(filepath, custom_optimizers=None, custom_objects=None, compression=None):
+    """Loads a saved model and makes its optimizer average gradients across ranks.
+
+    Horovod's `hvd.load_model`. The model is loaded with
+    `keras.models.load_model` (`.keras` or legacy `.h5`). If it was saved
+    with a plain Keras optimizer, that optimizer is wrapped in
+    `kdist.DistributedOptimizer(..., compression=compression)` and keeps its
+    state (step count and slots), so training resumes where it stopped; a
+    `kdist.gan.GAN` gets both its optimizers wrapped. A model saved with
+    kdist's optimizer loads as it was saved (`compression` does not change it).
+
+    Args:
+        filepath: the saved model (`.keras`, `.h5` or `.hdf5`).
+        custom_optimizers: optimizer classes that the saved model may use
+            besides Keras's own (each a `keras.optimizers.Optimizer` subclass).
+        custom_objects: other custom classes or functions, by name, as for
+            `keras.models.load_model`.
+        compression: `kdist.Compression.none` (default), `.fp16` or
+            `.topk(ratio)` for the optimizer that gets wrapped.
+
+    Returns:
+        The loaded, compiled model.
+
+    Example:
+
+    >>> import os, tempfile, keras, numpy as np, kdist
+    >>> model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    >>> model.compile(keras.optimizers.Adam(0.01), "mse")
+    >>> _ = model.fit(np.ones((4, 3)), np.ones((4, 1)), epochs=2, verbose=0)
+    >>> path = os.path.join(tempfile.mkdtemp(), "model.keras")
+    >>> model.save(path)
+    >>> loaded = kdist.load_model(path, compression=kdist.Compression.fp16)
+    >>> type(loaded.optimizer).__name__, int(loaded.optimizer.iterations)
+    ('AllreduceOptimizer', 2)
+    """
+    objects = {}
+    for cls in custom_optimizers or ():
+        if not (isinstance(cls, type) and issubclass(cls, keras.optimizers.Optimizer)):
+            raise TypeError("custom_optimizers takes Keras optimizer classes (subclasses of "
+                            f"keras.optimizers.Optimizer); got {cls!r}.")
+        objects[cls.__name__] = cls
+    objects.update(custom_objects or {})
+    with warnings.catch_warnings():
+        # kdist's advice to load with this very function; the state is restored below.
+        warnings.filterwarnings("ignore", message="Keras's .h5 loader built the plain")
+        model = keras.models.load_model(filepath, custom_objects=objects)
+    with keras.saving.custom_object_scope(objects):
+        replaced = {name: _distributed(optimizer, variables, filepath, compression)
+                    for name, optimizer, variables in _plain_optimizers(model)}
+    if replaced:
+        _recompile(model, replaced)
+    return model
+
+
+def _is_distributed(optimizer):
+    return isinstance(optimizer, AllreduceOptimizer) or isinstance(
+        getattr(optimizer, "inner_optimizer", None), AllreduceOptimizer)
+
+
+def _plain_optimizers(model):
+    """(compile argument, optimizer, variables it updates) for each plain optimizer."""
+    from kdist.gan import GAN
+
+    if isinstance(model, GAN):
+        found = [] if not model.compiled else [
+            ("d_optimizer", model.d_optimizer, model.discriminator),
+            ("g_optimizer", model.g_optimizer, model.generator)]
+    else:
+        optimizer = getattr(model, "optimizer", None)
+        found = [] if optimizer is None else [("optimizer", optimizer, model)]
+    return [(name, optimizer, owner.trainable_variables if owner.built else None)
+            for name, optimizer, owner in found if not _is_distributed(optimizer)]
+
+
+def _distributed(optimizer, variables, filepath, compression):
+    """`optimizer` wrapped in a DistributedOptimizer that holds the state it was saved with."""
+    state = _saved_state(optimizer, filepath)
+    # A fresh copy: Keras's .h5 loader builds an optimizer for no variables,
+    # and such an optimizer refuses the model's.
+    fresh = type(optimizer).from_config(optimizer.get_config())
+    wrapped = DistributedOptimizer(fresh, compression=compression)
+    if variables is None:
+        return wrapped  # an unbuilt model: no state was saved for its variables
+    wrapped.build(variables)
+    # Both lists hold the loss scale's own variables first (if there is a loss
+    # scale), then the plain optimizer's; the wrapper's own lie in between.
+    plain_old = optimizer.inner_optimizer if _scaled(optimizer) else optimizer
+    plain_new = wrapped.inner_optimizer.inner_optimizer if _scaled(wrapped) else (
+        wrapped.inner_optimizer)
+    scale_count = len(optimizer.variables) - len(plain_old.variables)
+    if scale_count and _scaled(wrapped):
+        own = len(wrapped.variables) - len(wrapped.inner_optimizer.variables)
+        _assign(wrapped.variables[:own], state[:scale_count], wrapped.name)
+    _assign(plain_new.variables, state[scale_count:], wrapped.name)
+    return wrapped
+
+
+def _scaled(optimizer):
+    return isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
+
+
+def _saved_state(optimizer, filepath):
+    """The optimizer's saved values, in the order of its `variables` when built."""
+    if not str(filepath).endswith((".h5", ".hdf5")):
+        return [keras.ops.convert_to_numpy(v) for v in optimizer.variables]
+    # Keras's .h5 loader restores only the variables that exist before the
+    # optimizer is built: read the rest from the file.
+    import h5py
+    import numpy as np
+    from keras.src.legacy.saving import legacy_h5_format
+
+    with h5py.File(filepath, "r") as f:
+        if "optimizer_weights" not in f:
+            return [keras.ops.convert_to_numpy(v) for v in optimizer.variables]
+        return [np.asarray(value)
+                for value in legacy_h5_format.load_optimizer_weights_from_hdf5_group(f)]
+
+
+def _recompile(model, optimizers):
+    from kdist.gan import GAN
+
+    if isinstance(model, GAN):
+        arguments = dict(model._compile_args)
+    else:
+        # What the model was compiled with, as Keras keeps it for saving.
+        arguments = dict(model._compile_config.config)
+    arguments.update(optimizers)
+    model.compile(**arguments)
