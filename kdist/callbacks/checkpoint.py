@@ -15,6 +15,7 @@ from kdist.callbacks import _sync
 from kdist.callbacks.broadcast import model_state
 from kdist.comm import collectives
 from kdist.comm import processes
+from kdist.distribute import consistency
 
 logger = logging.getLogger(__name__)
 
@@ -127,6 +128,12 @@ def _renamed_hint(data, meta, variables):
             "building the model.")
 
 
+def saved_epoch(path):
+    """The number of finished epochs a checkpoint records (its values are not read)."""
+    with np.load(path) as data:
+        return int(json.loads(bytes(data["meta"]).decode())["epoch"])
+
+
 def latest_checkpoint(directory):
     """The path of the newest complete checkpoint in `directory`, or None."""
     found = []
@@ -176,18 +183,33 @@ class Checkpoint(keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None):
         _sync.forget(self.model)
-        variables = model_state(self.model)
         path = latest_checkpoint(self.directory) if processes.rank() == 0 else None
-        epoch = None
-        if path is not None:
-            epoch = load_state(path, variables)
-        epoch = collectives.broadcast_object(epoch, root_rank=0)
+        epoch = saved_epoch(path) if path is not None else None
+        path, epoch = collectives.broadcast_object((path, epoch), root_rank=0)
         if epoch is None:
             return
-        collectives.broadcast_variables(variables, root_rank=0)
         self.model._initial_epoch = epoch
         self.resumed_from = epoch
-        logger.info("resumed from %s: %d epoch(s) already done", path or self.directory, epoch)
+        if _sync.built(self.model):
+            self._restore(path)
+            return
+        # Keras builds this model in its first step: restore once its variables
+        # exist, before that step first runs.
+        core = _sync.distributed_core(self.model)
+        if core is None:
+            raise ValueError(
+                "Checkpoint cannot resume this model: Keras builds it in its first step and "
+                "its optimizer is not kdist's, so nothing can run between the two. Give the "
+                "model a keras.Input (or call model.build(...)) before fit, or wrap its "
+                "optimizer in kdist.DistributedOptimizer.")
+        consistency.before_first_update(core, lambda: self._restore(path))
+
+    def _restore(self, path):
+        variables = model_state(self.model)
+        if processes.rank() == 0:
+            load_state(path, variables)
+        collectives.broadcast_variables(variables, root_rank=0)
+        logger.info("resumed from %s: %d epoch(s) already done", path, self.resumed_from)
 
     def on_epoch_end(self, epoch, logs=None):
         _sync.join_once(self.model, epoch)

@@ -9,7 +9,9 @@ written for `tf.distribute.MirroredStrategy` runs under `mpiexec` unchanged:
   kdist's fused allreduce (the C++ op when available);
 - `num_replicas_in_sync` is the number of ranks, so Keras scales each rank's
   loss by 1/size and the summed gradient is the global-batch average;
-- variables are broadcast from rank 0 when they are created;
+- variables are broadcast from rank 0 when they are created, and the first
+  step checks that every rank built the same model (naming the first
+  variable that differs);
 - metric variables read outside a training step are summed over the ranks,
   as tf.distribute's sync-on-read variables are, so `fit` and `evaluate`
   report global metrics;
@@ -21,6 +23,7 @@ written for `tf.distribute.MirroredStrategy` runs under `mpiexec` unchanged:
 
 import inspect
 import logging
+import weakref
 
 import keras
 import tensorflow as tf
@@ -34,6 +37,7 @@ from kdist.comm import collectives
 from kdist.comm import processes
 from kdist.comm.fusion import DEFAULT_BUCKET_BYTES
 from kdist.comm.tensors import TensorReducer
+from kdist.distribute import consistency
 
 logger = logging.getLogger(__name__)
 
@@ -105,6 +109,8 @@ class _MPIExtended(one_device_strategy.OneDeviceExtended):
                                   name="kdist_strategy")
         self._mean = TensorReducer(comm, compression, average=True, bucket_bytes=bucket_bytes,
                                    name="kdist_strategy")
+        self._created = []  # weak references to the mirrored variables, in creation order
+        self._model_checked = False
 
     # -- replicas -------------------------------------------------------------
 
@@ -117,6 +123,8 @@ class _MPIExtended(one_device_strategy.OneDeviceExtended):
         return 0
 
     def _call_for_each_replica(self, fn, args, kwargs):
+        if not self._model_checked and self.comm.size > 1:
+            self._check_same_model()
         strategy = self._container_strategy()
         with tf.device(self._device), _MPIReplicaContext(strategy, self.comm.rank):
             outputs = fn(*args, **kwargs)
@@ -131,6 +139,16 @@ class _MPIExtended(one_device_strategy.OneDeviceExtended):
             # rank the whole batch back, in the order of the input.
             outputs = tf.nest.map_structure(self._gather_rows, outputs)
         return outputs
+
+    def _check_same_model(self):
+        """Once every variable exists: every rank must hold the same ones, with equal values."""
+        variables = [ref() for ref in self._created if ref() is not None]
+        if not consistency.initialized(variables):
+            return
+        with tf.init_scope():
+            consistency.check_identical(variables, self.comm, advice=(
+                "Build and compile the same model on every rank, inside strategy.scope()."))
+        self._model_checked = True
 
     def _all_ranks_true(self, flag):
         votes = collectives.allreduce(tf.cast(flag, tf.int32), op=processes.Min, comm=self.comm,
@@ -158,18 +176,20 @@ class _MPIExtended(one_device_strategy.OneDeviceExtended):
                 {tf.VariableSynchronization.ON_READ: tf_values.SyncOnReadVariable}, {},
                 **kwargs)
         if self.comm.size > 1:
-            kwargs["initial_value"] = self._broadcast_initial_value(kwargs.get("initial_value"),
-                                                                    kwargs.get("dtype"))
-        return super()._create_variable(next_creator, **kwargs)
+            kwargs["initial_value"] = self._broadcast_initial_value(
+                kwargs.get("initial_value"), kwargs.get("dtype"), kwargs.get("name"))
+        variable = super()._create_variable(next_creator, **kwargs)
+        self._created.append(weakref.ref(variable))
+        return variable
 
-    def _broadcast_initial_value(self, initial_value, dtype):
+    def _broadcast_initial_value(self, initial_value, dtype, name):
         comm = self.comm
 
         def from_root():
             value = initial_value() if callable(initial_value) else initial_value
             value = tf.convert_to_tensor(value, dtype=dtype)
             return collectives.broadcast(value, root_rank=0, comm=comm,
-                                         name="kdist_broadcast_initial_value")
+                                         name=f"initial value of variable '{name}'")
 
         return from_root
 

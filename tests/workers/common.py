@@ -27,12 +27,12 @@ def flat_weights(model):
                            for w in model.get_weights()]).tolist()
 
 
-def small_model(seed=0, inputs=12, classes=4):
+def small_model(seed=0, inputs=12, classes=4, lazy=False):
+    """A small classifier; `lazy` leaves out the Input, so Keras builds it in the first step."""
     import keras
 
     keras.utils.set_random_seed(seed)
-    return keras.Sequential([
-        keras.Input((inputs,)),
+    return keras.Sequential(([] if lazy else [keras.Input((inputs,))]) + [
         keras.layers.Dense(32, activation="tanh"),
         keras.layers.Dense(16, activation="tanh"),
         keras.layers.Dense(classes),

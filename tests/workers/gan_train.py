@@ -25,6 +25,7 @@ parser.add_argument("--epochs", type=int, default=2)
 parser.add_argument("--d-steps", type=int, default=2)
 parser.add_argument("--g-steps", type=int, default=1)
 parser.add_argument("--seed-per-rank", action="store_true")
+parser.add_argument("--jit", action="store_true", help="compile the steps with XLA")
 args = parser.parse_args()
 
 LATENT, ROWS = 4, 256
@@ -66,7 +67,8 @@ if args.mode in ("single", "hvd"):
         local = args.global_batch // size
         data = {key: value.reshape(-1, size, local, *value.shape[1:])[:, rank].reshape(
             -1, *value.shape[1:]) for key, value in data.items()}
-    gan.compile(d_opt, g_opt, aux_losses=["mse"], aux_loss_weights=[0.1], label_smoothing=0.1)
+    gan.compile(d_opt, g_opt, aux_losses=["mse"], aux_loss_weights=[0.1], label_smoothing=0.1,
+                jit_compile=args.jit)
     batch = args.global_batch // (size if args.mode == "hvd" else 1)
 else:
     strategy = (kdist.distribute.MPIStrategy() if args.mode == "mpi"
@@ -74,7 +76,7 @@ else:
     with strategy.scope():
         gan = build()
         gan.compile(optimizer(), optimizer(), aux_losses=["mse"], aux_loss_weights=[0.1],
-                    label_smoothing=0.1)
+                    label_smoothing=0.1, jit_compile=args.jit)
     batch = args.global_batch
 
 before_g, before_d = gan.generator.get_weights(), gan.discriminator.get_weights()
@@ -96,4 +98,5 @@ report({
     "history": {k: [float(v) for v in vs] for k, vs in history.history.items()},
     "exchanged": kdist.ps.Layout(gan).size if args.mode == "ps" else None,
     "is_master": bool(strategy.is_master) if args.mode == "ps" else rank == 0,
+    "jit": bool(gan.jit_compile),
 })

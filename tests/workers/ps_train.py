@@ -27,6 +27,7 @@ parser.add_argument("--fault-tolerant", action="store_true")
 parser.add_argument("--baseline", action="store_true")
 parser.add_argument("--lr", type=float, default=0.05)
 parser.add_argument("--elastic-force", type=float, default=0.5)
+parser.add_argument("--jit", action="store_true", help="compile the steps with XLA")
 args = parser.parse_args()
 
 import keras  # noqa: E402
@@ -50,7 +51,7 @@ def build():
 
 
 def compile_(model):
-    model.compile(optimizer=keras.optimizers.SGD(args.lr),
+    model.compile(optimizer=keras.optimizers.SGD(args.lr), jit_compile=args.jit,
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                   metrics=["accuracy"])
 
@@ -100,6 +101,7 @@ history = model.fit(x, y, batch_size=32, epochs=args.epochs, shuffle=False,
                     validation_data=(xv, yv), callbacks=callbacks, worker_callbacks=[Trouble()])
 accuracy = model.evaluate(xv, yv, verbose=0, return_dict=True)["accuracy"]
 report({"rank": kdist.rank(), "val_accuracy": accuracy, "weights": flat_weights(model),
+        "jit": bool(model.jit_compile),
         "history": history.history if strategy.is_master else None,
         "epochs": list(getattr(history, "epoch", [])) if strategy.is_master else None,
         "stats": strategy.stats if not strategy.is_worker else None})

@@ -28,6 +28,7 @@ parser.add_argument("--distributed-optimizer", action="store_true",
                     help="also wrap the optimizer in kdist.DistributedOptimizer")
 parser.add_argument("--overflow-batch", type=int, default=-1,
                     help="make the second half of this global batch overflow float16")
+parser.add_argument("--jit", action="store_true", help="compile the steps with XLA")
 args = parser.parse_args()
 
 if args.mixed:
@@ -61,7 +62,7 @@ with strategy.scope():
     optimizer = optimizer(args.lr)
     if args.distributed_optimizer:
         optimizer = kdist.DistributedOptimizer(optimizer)
-    model.compile(optimizer=optimizer,
+    model.compile(optimizer=optimizer, jit_compile=args.jit,
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                   metrics=["accuracy"])
 
@@ -79,4 +80,5 @@ report({
     "iterations": int(model.optimizer.iterations.numpy()),
     "optimizer": type(model.optimizer).__name__,
     "optimizer_reduced_itself": bool(getattr(model.optimizer, "_reducers", None)),
+    "jit": bool(model.jit_compile),
 })

@@ -20,10 +20,12 @@ parser.add_argument("--steps", type=int, default=20, help="optimizer updates")
 parser.add_argument("--compression", default="none")
 parser.add_argument("--accumulate", type=int, default=1)
 parser.add_argument("--seed-per-rank", action="store_true")
+parser.add_argument("--jit", action="store_true", help="compile the train step with XLA")
+parser.add_argument("--lazy", action="store_true", help="a model without Input")
 args = parser.parse_args()
 
 kdist.init()
-model = small_model(seed=100 + (kdist.rank() if args.seed_per_rank else 0))
+model = small_model(seed=100 + (kdist.rank() if args.seed_per_rank else 0), lazy=args.lazy)
 # Each update's global batch is cut into `accumulate` passes x `size` ranks.
 x, y = global_batches(args.steps, args.global_batch)
 local_batch = args.global_batch // (kdist.size() * args.accumulate)
@@ -38,12 +40,13 @@ compression = {"none": kdist.Compression.none, "fp16": kdist.Compression.fp16,
 opt = kdist.DistributedOptimizer(inner, compression=compression,
                                  backward_passes_per_step=args.accumulate,
                                  average_aggregated_gradients=True)
-model.compile(optimizer=opt,
+model.compile(optimizer=opt, jit_compile=args.jit,
               loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-before = float(model.evaluate(x, y, verbose=0, batch_size=len(x)))
+# Evaluating first would build the lazy model; its loss is taken from a copy instead.
+before = None if args.lazy else float(model.evaluate(x, y, verbose=0, batch_size=len(x)))
 history = model.fit(data, epochs=1, verbose=0, shuffle=False,
                     callbacks=[kdist.callbacks.BroadcastGlobalVariablesCallback(0)])
 after = float(model.evaluate(x, y, verbose=0, batch_size=len(x)))
 report({"weights": flat_weights(model), "loss_before": before, "loss_after": after,
-        "iterations": int(opt.iterations.numpy()),
+        "iterations": int(opt.iterations.numpy()), "jit": bool(model.jit_compile),
         "native": kdist.size() > 1 and kdist.comm.native.load() is not None})
