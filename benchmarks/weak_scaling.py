@@ -16,7 +16,9 @@ alike, it times:
 - `tf_multi_worker`: the same script with kdist's `MultiWorkerMirroredStrategy`
   (TensorFlow's gRPC collectives), workers started by `kdist launch`;
 - `tf_keras_multi_worker`: the same MLP in tf_keras (Keras 2) with TensorFlow's
-  stock multi-worker strategy, when tf_keras is installed.
+  stock multi-worker strategy, when tf_keras is installed;
+- `single_xla`, `kdist_xla`: `single` and `kdist` with the train step compiled
+  by XLA (`jit_compile=True`; kdist's allreduce runs as an XLA custom call).
 Every process is bound to one core (mpiexec binds its ranks the same way).
 Efficiency = single ms/step / mode's ms/step (1.0 is perfect weak scaling).
 Prints one JSON object.
@@ -50,7 +52,7 @@ def _tf_multi_worker():
 
 STRATEGY_MODES = {"mpi_strategy": _mpi_strategy, "tf_multi_worker": _tf_multi_worker}
 ALL_MODES = ("single", "side_by_side", "kdist", "kdist_py_function", "mpi_strategy",
-             "tf_multi_worker", "tf_keras_multi_worker")
+             "tf_multi_worker", "tf_keras_multi_worker", "single_xla", "kdist_xla")
 
 
 def worker(args):
@@ -69,6 +71,7 @@ def worker(args):
     import kdist
 
     kdist.init()
+    jit = args.mode.endswith("_xla")
     if args.mode in STRATEGY_MODES:
         # Written the tf.distribute way: global batches, the strategy splits them.
         import tensorflow as tf
@@ -92,7 +95,7 @@ def worker(args):
         optimizer = keras.optimizers.Adam(1e-3)
         if args.mode.startswith("kdist"):
             optimizer = kdist.DistributedOptimizer(optimizer)
-        model.compile(optimizer=optimizer,
+        model.compile(optimizer=optimizer, jit_compile=jit,
                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
 
     class StepTimes(keras.callbacks.Callback):
@@ -226,10 +229,13 @@ def main():
     samples = {mode: [] for mode in modes}
     for _ in range(args.rounds):
         for mode in modes:
-            samples[mode].append(launch(mode, 1 if mode == "single" else args.ranks,
+            samples[mode].append(launch(mode, 1 if mode.startswith("single") else args.ranks,
                                         args.steps))
     ms = {k: float(np.median(v)) for k, v in samples.items()}
-    efficiency = {k: round(ms["single"] / v, 3) for k, v in ms.items() if k != "single"}
+    efficiency = {k: round(ms["single"] / v, 3) for k, v in ms.items()
+                  if k not in ("single", "single_xla", "kdist_xla")}
+    if "kdist_xla" in ms and "single_xla" in ms:
+        efficiency["kdist_xla"] = round(ms["single_xla"] / ms["kdist_xla"], 3)
     print(json.dumps({
         "benchmark": "weak_scaling",
         "model": "MLP 784-512-512-10 (669,706 parameters), Adam",

@@ -40,3 +40,14 @@ def test_a_gan_counts_every_update_of_the_rank_with_most_data(runs):
 def test_optimizers_of_finished_folds_are_released(runs):
     job, _ = runs
     assert job.rank(0)["fold_optimizers_alive"] == 0
+
+
+def test_many_fit_calls_keep_memory_and_reducers_flat(mpirun):
+    # benchmarks/lifetime.py runs the same loop 1,000 times.
+    job = mpirun("lifetime.py", n=2, args=[60], timeout=240)
+    for rank in (0, 1):
+        got = job.rank(rank)
+        assert got["reducers"] == 1 and got["plans"] == 1
+        assert got["iterations"] == 60 * 2, "rank 0 copies the state of rank 1, which has 2 batches"
+        growth = got["memory"]["60"] - got["memory"]["12"]
+        assert growth < 8, f"resident memory grew by {growth:.1f} MB over 48 fit calls"

@@ -20,6 +20,19 @@ from kdist.comm.communicator import protocol_op
 from kdist.comm import native
 
 
+def _leave_kdist_unconverted():
+    """Keeps AutoGraph from rewriting kdist's own code when a user's tf.function calls it."""
+    try:
+        from tensorflow.python.autograph.core import config
+    except ImportError:  # a TensorFlow without this module converts nothing of ours anyway
+        return
+    if not any(getattr(rule, "_prefix", None) == "kdist" for rule in config.CONVERSION_RULES):
+        config.CONVERSION_RULES = (config.DoNotConvert("kdist"),) + config.CONVERSION_RULES
+
+
+_leave_kdist_unconverted()
+
+
 def in_xla():
     """True while tracing a function that XLA will compile (`jit_compile=True`)."""
     if tf.executing_eagerly():

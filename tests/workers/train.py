@@ -22,6 +22,7 @@ parser.add_argument("--accumulate", type=int, default=1)
 parser.add_argument("--seed-per-rank", action="store_true")
 parser.add_argument("--jit", action="store_true", help="compile the train step with XLA")
 parser.add_argument("--lazy", action="store_true", help="a model without Input")
+parser.add_argument("--no-broadcast", action="store_true", help="leave out the broadcast callback")
 args = parser.parse_args()
 
 kdist.init()
@@ -45,7 +46,8 @@ model.compile(optimizer=opt, jit_compile=args.jit,
 # Evaluating first would build the lazy model; its loss is taken from a copy instead.
 before = None if args.lazy else float(model.evaluate(x, y, verbose=0, batch_size=len(x)))
 history = model.fit(data, epochs=1, verbose=0, shuffle=False,
-                    callbacks=[kdist.callbacks.BroadcastGlobalVariablesCallback(0)])
+                    callbacks=[] if args.no_broadcast else [
+                        kdist.callbacks.BroadcastGlobalVariablesCallback(0)])
 after = float(model.evaluate(x, y, verbose=0, batch_size=len(x)))
 report({"weights": flat_weights(model), "loss_before": before, "loss_after": after,
         "iterations": int(opt.iterations.numpy()), "jit": bool(model.jit_compile),

@@ -1,0 +1,46 @@
+"""Every rank trains the same model, including models Keras builds in their first step."""
+
+import os
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.mpi
+
+
+def test_a_model_without_input_is_broadcast_before_its_first_step(mpirun, python_run):
+    args = ["--lazy", "--steps", 8]
+    single = python_run("train.py", args)
+    # Different seeds per rank: only a broadcast before the first update makes them agree.
+    job = mpirun("train.py", n=2, args=args + ["--seed-per-rank"])
+    assert job.rank(0)["weights"] == job.rank(1)["weights"]
+    np.testing.assert_allclose(job.rank(0)["weights"], single["weights"], atol=1e-5, rtol=0)
+
+
+def test_ranks_that_would_start_apart_are_stopped_at_the_first_step(mpirun):
+    job = mpirun("train.py", n=2, args=["--lazy", "--seed-per-rank", "--no-broadcast"],
+                 check=False, timeout=120)
+    assert job.returncode != 0 and job.results == {}
+    assert "holds other values of 'sequential/dense/kernel' than rank 0" in job.output
+    assert "BroadcastGlobalVariablesCallback(0)" in job.output
+
+
+def test_horovods_mnist_example_ends_with_identical_weights(mpirun, tmp_path):
+    checkpoints = tmp_path / "checkpoints"
+    checkpoints.mkdir()
+    job = mpirun("horovod_mnist.py", n=2, args=[checkpoints], timeout=240)
+    assert job.rank(0)["weights"] == job.rank(1)["weights"]
+    assert job.rank(0)["accuracy"] == job.rank(1)["accuracy"] > 0.25  # chance: 0.1
+    assert sorted(os.listdir(checkpoints)) == ["checkpoint-1.h5", "checkpoint-2.h5"]
+
+
+def test_a_model_without_input_resumes_from_its_checkpoint(mpirun, tmp_path):
+    args = ["--lazy", "--epochs", 3]
+    straight = mpirun("resume.py", n=2, args=args + ["--checkpoints", tmp_path / "straight"])
+    crashed = mpirun("resume.py", n=2, check=False,
+                     args=args + ["--checkpoints", tmp_path / "resumed", "--crash-after-epoch", 0])
+    assert crashed.returncode != 0
+    resumed = mpirun("resume.py", n=2, args=args + ["--checkpoints", tmp_path / "resumed"])
+    assert resumed.rank(0)["resumed_from"] == 1 and resumed.rank(0)["epochs_run"] == 2
+    assert resumed.rank(0)["weights"] == straight.rank(0)["weights"]
+    assert resumed.rank(1)["weights"] == straight.rank(0)["weights"]

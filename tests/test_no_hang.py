@@ -1,0 +1,30 @@
+"""No hang, anywhere: a stopped rank ends the job within the timeout, naming it."""
+
+import time
+
+import pytest
+
+pytestmark = pytest.mark.mpi
+
+
+@pytest.mark.parametrize("case", ["stop", "stop-graph"])
+def test_a_stopped_rank_ends_the_job_within_the_collective_timeout(mpirun, case):
+    started = time.monotonic()
+    job = mpirun("stall.py", n=2, args=[case], check=False, timeout=150,
+                 env={"KDIST_COLLECTIVE_TIMEOUT": "6"})
+    elapsed = time.monotonic() - started
+    assert job.returncode != 0 and job.results == {}
+    assert elapsed < 100, f"the job took {elapsed:.0f} s to end"
+    assert "[kdist rank 0] aborting the job" in job.output
+    assert "KDIST_COLLECTIVE_TIMEOUT=6" in job.output
+    assert "rank(s) [1] do not answer" in job.output, job.output[-3000:]
+    if case == "stop":
+        assert "after the pause" in job.output, "the waiting collective is named"
+
+
+def test_a_long_wait_is_reported_with_the_missing_rank_and_the_job_goes_on(mpirun):
+    job = mpirun("stall.py", n=2, args=["pause"], timeout=150,
+                 env={"KDIST_STALL_WARNING": "2", "PAUSE_SECONDS": "7"})
+    assert job.rank(0)["waited"] > 5
+    assert "stall: 'allreduce (sum) of 1000 float64 values (after the pause)" in job.output
+    assert "rank 1 is running, not in a kdist collective" in job.output, job.output[-3000:]
