@@ -12,8 +12,11 @@ failure shows about a second after the death with the failure detector's own
 thread (`--mca mpi_ft_detector_thread true`), else once the server idles.
 """
 
+import time
+
 import numpy as np
 
+from kdist.comm import watchdog
 from kdist.comm.processes import _mpi
 
 
@@ -87,7 +90,7 @@ class Mailbox:
         """
         MPI = _mpi()
         try:
-            index = MPI.Request.Waitany(self._requests)
+            index = _wait_any(self._requests, f"a message from any of ranks {self.peers}")
         except MPI.Exception as error:
             if not _is_process_failure(error):
                 raise
@@ -122,7 +125,7 @@ class Outbox:
         """Returns once the last send to `peer` finished, so its buffer may change."""
         previous = self._requests.pop(peer, None)
         if previous is not None:
-            previous.Wait()
+            _wait(previous, f"sending to rank {peer}")
 
     def forget(self, peer):
         """Drops the send to a peer that died; MPI completes it with an error."""
@@ -135,8 +138,8 @@ class Outbox:
         self._requests[peer] = self._comm.Isend(_bytes(buffer), dest=peer, tag=self.tag)
 
     def flush(self):
-        for request in self._requests.values():
-            request.Wait()
+        for peer, request in self._requests.items():
+            _wait(request, f"sending to rank {peer}")
         self._requests.clear()
 
 
@@ -144,9 +147,32 @@ def exchange(comm, peer, message, reply, up_tag, down_tag):
     """Sends `message` to `peer` and waits for its `reply` (both numpy buffers)."""
     raw = _raw(comm)
     request = raw.Irecv(_bytes(reply), source=peer, tag=down_tag)
-    raw.Send(_bytes(message), dest=peer, tag=up_tag)
-    request.Wait()
+    _wait(raw.Isend(_bytes(message), dest=peer, tag=up_tag), f"sending to rank {peer}")
+    _wait(request, f"the reply of rank {peer}")
     return reply
+
+
+def _wait(request, what):
+    """Completes one request, visible to the watchdog and without holding a core."""
+    _wait_any([request], what)
+
+
+def _wait_any(requests, what):
+    """Index of the first request of `requests` to complete (MPI.UNDEFINED if none is active).
+
+    Tests in a loop at first, then sleeps between tests with a growing pause, so a
+    rank that waits long (a server between updates) leaves the core to others.
+    """
+    MPI = _mpi()
+    with watchdog.waiting(what):
+        start, pause = time.monotonic(), 20e-6
+        while True:
+            index, done = MPI.Request.Testany(requests)
+            if done:
+                return index
+            if time.monotonic() - start > 1e-3:
+                time.sleep(pause)
+                pause = min(pause * 2, 1e-3)
 
 
 def send_object(comm, peer, obj, tag):
@@ -154,7 +180,8 @@ def send_object(comm, peer, obj, tag):
 
 
 def recv_object(comm, peer, tag):
-    return _raw(comm).recv(source=peer, tag=tag)
+    with watchdog.waiting(f"an object from rank {peer}"):
+        return _raw(comm).recv(source=peer, tag=tag)
 
 
 def poll_object(comm, tag, poll_seconds=0.05):

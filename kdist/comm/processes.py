@@ -167,6 +167,11 @@ def init(comm=None, process_sets=None):
 def _register(process_sets):
     from kdist.comm import process_sets as sets
 
+    if isinstance(process_sets, str):
+        if process_sets.lower() != "dynamic":
+            raise ValueError(f"process_sets must be a list of kdist.ProcessSet or 'dynamic'; "
+                             f"got {process_sets!r}.")
+        return  # add_process_set works at any time
     for process_set in process_sets:
         sets.add_process_set(process_set)
 

@@ -651,7 +651,8 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
                          compression=None, sparse_as_dense=False, gradient_predivide_factor=1.0,
                          op=Average, backward_passes_per_step=1,
                          average_aggregated_gradients=False, num_groups=0, groups=None,
-                         scale_local_gradients=True, bucket_bytes=None, comm=None):
+                         process_set=None, scale_local_gradients=True, bucket_bytes=None,
+                         comm=None):
     """Horovod's `DistributedOptimizer` for Keras 3: reduces gradients over ranks.
 
     Takes Horovod's arguments, in Horovod's order. `op` is `kdist.Average`
@@ -659,7 +660,8 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     `device_dense`/`device_sparse` are accepted for compatibility (reduction
     happens on the host). `groups` is a number of collectives or a list of
     lists of variables fused together. `sparse_as_dense=False` exchanges
-    embedding gradients (`tf.IndexedSlices`) by allgather.
+    embedding gradients (`tf.IndexedSlices`) by allgather. `process_set` (a
+    `kdist.ProcessSet`) reduces among its ranks only.
 
     Under the `mixed_float16` policy (see `kdist.precision.enable`) the result
     also scales the loss, and whether gradients overflowed is decided by all
@@ -680,15 +682,22 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
                         average_aggregated_gradients=average_aggregated_gradients,
                         num_groups=num_groups, groups=groups,
                         scale_local_gradients=scale_local_gradients,
-                        bucket_bytes=bucket_bytes, comm=comm)
+                        bucket_bytes=bucket_bytes,
+                        comm=_communicator(comm, process_set))
+
+
+def _communicator(comm, process_set):
+    if process_set is None:
+        return comm
+    return collectives.resolve_comm(comm, process_set)
 
 
 def PartialDistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="",
                                 compression=None, sparse_as_dense=False,
                                 gradient_predivide_factor=1.0, op=Average,
                                 backward_passes_per_step=1, average_aggregated_gradients=False,
-                                groups=None, local_layers=None, scale_local_gradients=True,
-                                bucket_bytes=None, comm=None):
+                                groups=None, process_set=None, local_layers=None,
+                                scale_local_gradients=True, bucket_bytes=None, comm=None):
     """Horovod's `PartialDistributedOptimizer`: `local_layers` train on each rank alone.
 
     The gradients of the layers' trainable weights are not reduced across
@@ -718,7 +727,7 @@ def PartialDistributedOptimizer(optimizer, name=None, device_dense="", device_sp
                         average_aggregated_gradients=average_aggregated_gradients,
                         groups=groups, local_variables=local_layers,
                         scale_local_gradients=scale_local_gradients,
-                        bucket_bytes=bucket_bytes, comm=comm)
+                        bucket_bytes=bucket_bytes, comm=_communicator(comm, process_set))
 
 
 def _distributed(optimizer, bucket_bytes=None, **kwargs):
