@@ -94,7 +94,12 @@ def _numpy_allreduce(array, op, comm, prescale, postscale, label):
     if op in (Average, Sum):
         return comm.allreduce_many([out], op=Sum, average=op == Average, prescale=prescale,
                                    postscale=postscale, label=label)[0].reshape(out.shape)
-    return comm.allreduce_(out, op=op, label=label)
+    if prescale != 1.0:
+        out *= prescale
+    comm.allreduce_(out, op=op, label=label)
+    if postscale != 1.0:
+        out *= postscale
+    return out
 
 
 def _allreduce_sparse(slices, op, comm):

@@ -109,22 +109,22 @@ kdist::Status Run(const Settings& s, HostCall& call, const std::vector<int64_t>&
   const int64_t row_elements = rows > 0 ? call.counts[0] / rows : 0;
   const int64_t capacity = out_counts[0];
   int64_t gathered = 0;
+  std::vector<char> overflow;  // takes part in the exchange when the result does not fit
   kdist::Status status = kdist::Allgather(
       comm, call.in[0], rows, row_elements, s.dtype, s.label + " (XLA)",
       [&](int64_t total) -> void* {
         gathered = total * row_elements;
-        return gathered <= capacity ? call.out[0] : nullptr;
+        if (gathered <= capacity) return call.out[0];
+        overflow.resize(gathered * element);
+        return overflow.data();
       });
-  if (!status.ok) {
-    if (gathered > capacity) {
-      return kdist::Status::Error(
-          "kdist: under XLA every rank must gather the same number of rows (the compiled "
-          "program holds " + std::to_string(capacity / std::max<int64_t>(row_elements, 1)) +
-          " rows, the ranks sent " + std::to_string(gathered / std::max<int64_t>(row_elements, 1)) +
-          "); give every rank batches of the same size, or run this step without "
-          "jit_compile");
-    }
-    return status;
+  if (!status.ok) return status;
+  if (gathered > capacity) {
+    return kdist::Status::Error(
+        "kdist: under XLA every rank must gather the same number of rows (the compiled "
+        "program holds " + std::to_string(capacity / std::max<int64_t>(row_elements, 1)) +
+        " rows, the ranks sent " + std::to_string(gathered / std::max<int64_t>(row_elements, 1)) +
+        "); give every rank batches of the same size, or run this step without jit_compile");
   }
   if (gathered < capacity) {
     std::memset(static_cast<char*>(call.out[0]) + gathered * element, 0,
