@@ -6,3 +6,8 @@ from kdist.callbacks.learning_rate import (
     LearningRateScheduleCallback,
     LearningRateWarmupCallback,
 )
+
+__all__ = [
+    "BroadcastGlobalVariablesCallback", "Checkpoint", "LearningRateScheduleCallback",
+    "LearningRateWarmupCallback", "MetricAverageCallback", "latest_checkpoint",
+]

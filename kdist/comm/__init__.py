@@ -14,6 +14,7 @@ from kdist.comm.collectives import (
     alltoall,
     barrier,
     broadcast,
+    broadcast_global_variables,
     broadcast_object,
     broadcast_variables,
     grouped_allreduce,
@@ -53,11 +54,11 @@ from kdist.comm.watchdog import abort
 
 __all__ = [
     "Adasum", "Average", "CollectiveMismatch", "Communicator", "Compression", "Max", "Min",
-    "Product", "ProcessSet", "Sum", "abort", "add_process_set", "allgather",
-    "allgather_object", "allreduce", "alltoall", "barrier", "broadcast", "broadcast_object",
-    "broadcast_variables", "cross", "cross_rank", "cross_size", "global_process_set",
-    "grouped_allreduce", "init", "is_initialized", "join", "launched_by_mpi", "local",
-    "local_rank", "local_size", "mpi_built", "mpi_enabled", "mpi_threads_supported",
+    "Product", "ProcessSet", "Sum", "abort", "add_process_set", "allgather", "allgather_object",
+    "allreduce", "alltoall", "barrier", "broadcast", "broadcast_global_variables",
+    "broadcast_object", "broadcast_variables", "cross", "cross_rank", "cross_size",
+    "global_process_set", "grouped_allreduce", "init", "is_initialized", "join", "launched_by_mpi",
+    "local", "local_rank", "local_size", "mpi_built", "mpi_enabled", "mpi_threads_supported",
     "plan_buckets", "rank", "reducescatter", "remove_process_set", "shutdown", "size",
     "TensorReducer", "world",
 ]

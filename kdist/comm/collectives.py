@@ -311,6 +311,18 @@ def broadcast_variables(variables, root_rank=0, process_set=None, comm=None):
             offset += n
 
 
+def broadcast_global_variables(root_rank=0):
+    """Horovod's TF1 call; Keras 3 has no global variable collection to broadcast.
+
+    Raises `NotImplementedError` saying what to use instead.
+    """
+    raise NotImplementedError(
+        "broadcast_global_variables broadcasts TensorFlow 1's global variable collection, "
+        "which Keras 3 models do not use. Call kdist.broadcast_variables(model.variables, "
+        f"root_rank={root_rank}) or add kdist.callbacks.BroadcastGlobalVariablesCallback("
+        f"{root_rank}) to fit's callbacks.")
+
+
 def variable_name(v):
     """A variable's path (Keras 3) or name."""
     return getattr(v, "path", None) or getattr(v, "name", "?")

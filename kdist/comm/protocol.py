@@ -16,14 +16,13 @@ the active ranks are about to do and whether they agree:
 kdist/comm/native/engine.cc implements the same protocol in C++ for the ops
 that run inside TensorFlow graphs and XLA programs. The payload of each kind:
 
-| kind | payload after the header |
-|---|---|
-| ALLREDUCE | `MPI_Allreduce` of `count` elements |
-| ALLGATHER | `MPI_Allgather` of each rank's row count (int64), then `MPI_Allgatherv` of bytes (`count` = elements per row) |
-| BROADCAST | `MPI_Bcast` of `count` elements from `root` |
-| BARRIER | `MPI_Barrier` |
-| OBJECT_ALLGATHER, OBJECT_BROADCAST | mpi4py's pickled `allgather` / `bcast` |
-| ALLTOALL | `MPI_Alltoall` of row counts (int64), then `MPI_Alltoallv` of bytes |
+- ALLREDUCE: `MPI_Allreduce` of `count` elements;
+- ALLGATHER: `MPI_Allgather` of each rank's row count (int64), then
+  `MPI_Allgatherv` of bytes (`count` is the number of elements per row);
+- BROADCAST: `MPI_Bcast` of `count` elements from `root`;
+- BARRIER: `MPI_Barrier`;
+- OBJECT_ALLGATHER, OBJECT_BROADCAST: mpi4py's pickled `allgather` / `bcast`;
+- ALLTOALL: `MPI_Alltoall` of row counts (int64), then `MPI_Alltoallv` of bytes.
 """
 
 import functools

@@ -7,3 +7,8 @@ from kdist.optimizers.distributed import (
     PartialDistributedOptimizer,
 )
 from kdist.optimizers.loading import load_model
+
+__all__ = [
+    "AllreduceOptimizer", "DistributedOptimizer", "LocalGradientAggregator",
+    "PartialDistributedOptimizer", "load_model",
+]

@@ -19,7 +19,8 @@ tf.config.experimental.enable_op_determinism()
 kdist.init()
 model = small_model(seed=3, lazy=args.lazy)
 x, y = global_batches(6, 16)
-x, y = x[:, kdist.rank()::kdist.size()].reshape(-1, 12), y[:, kdist.rank()::kdist.size()].reshape(-1)
+share = slice(kdist.rank(), None, kdist.size())
+x, y = x[:, share].reshape(-1, 12), y[:, share].reshape(-1)
 data = tf.data.Dataset.from_tensor_slices((x, y)).batch(16 // kdist.size())
 
 
