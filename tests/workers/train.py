@@ -40,10 +40,23 @@ opt = kdist.DistributedOptimizer(inner, compression=compression,
                                  average_aggregated_gradients=True)
 model.compile(optimizer=opt,
               loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+built = flat_weights(model)
+
+
+class FirstStep(keras.callbacks.Callback):
+    """The weights the first step starts from (after the broadcast)."""
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if batch == 0:
+            self.weights = flat_weights(self.model)
+
+
+first_step = FirstStep()
 before = float(model.evaluate(x, y, verbose=0, batch_size=len(x)))
 history = model.fit(data, epochs=1, verbose=0, shuffle=False,
-                    callbacks=[kdist.callbacks.BroadcastGlobalVariablesCallback(0)])
+                    callbacks=[kdist.callbacks.BroadcastGlobalVariablesCallback(0), first_step])
 after = float(model.evaluate(x, y, verbose=0, batch_size=len(x)))
 report({"weights": flat_weights(model), "loss_before": before, "loss_after": after,
+        "built": built, "first_step": first_step.weights,
         "iterations": int(opt.iterations.numpy()),
         "native": kdist.size() > 1 and kdist.comm.native.load() is not None})
