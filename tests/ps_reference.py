@@ -103,8 +103,6 @@ class RankRecord:
         self.sends = [dict(zip(("kind", "epoch", "steps", "weights", "body"), e[1:]))
                       for e in events if e[0] == "send"]
         self.replies = [e[1] for e in events if e[0] == "reply"]
-        self.stops = [e[2] for e in events if e[0] == "reply"]
-        self.absorbed = [(e[1], e[2]) for e in events if e[0] == "absorb"]
 
     def after_first_stop(self):
         """The events after the first reply that asked this rank to stop, or None."""
@@ -126,7 +124,6 @@ class Replay:
         self.absorbed = {}              # server rank -> number of messages absorbed
         self.centers = {}               # server rank -> centre after its last message
         self.momenta = {}               # the top rule's momenta after the last message
-        self.checked_replies = 0
 
     def _note(self, name, a, b):
         if a is None or b is None:
@@ -137,8 +134,9 @@ class Replay:
 def replay(records, rules, until=None):
     """Replays every server (top master = rank 0) and checks every worker.
 
-    `until(rank, index, message)` may end the top master's replay after the
-    message it returns True for (the state a checkpoint saw).
+    `until(child, index, sent)` is asked after each message the top master
+    absorbs (the child's `index`-th, a `RankRecord.sends` entry); True ends
+    the replay there, at the state an epoch's snapshot saw.
     """
     result = Replay()
     rules = rules.copy()
@@ -161,7 +159,7 @@ def _replay_server(records, rank, rules, result, until):
     taken = collections.Counter()
     histogram = collections.Counter()
     clock = 0
-    up_pulled, up_sent = start.copy(), 0
+    up_pulled = start.copy()  # a sub-master's last reply from its own server
     for event in records[rank].events:
         if event[0] == "absorb":
             child, stale_used = event[1], event[2]
@@ -177,7 +175,6 @@ def _replay_server(records, rank, rules, result, until):
             reply = np.concatenate([reply, message[t:]])
             got = records[child].replies[index] if index < len(records[child].replies) else None
             result._note("reply_deviation", reply, got)
-            result.checked_replies += got is not None
             if rules.sends_weights or got is None:
                 center = new
             else:
@@ -192,7 +189,6 @@ def _replay_server(records, rank, rules, result, until):
             expected = center.copy() if rules.sends_weights else np.concatenate(
                 [center[:t] - up_pulled[:t], center[t:]])
             result._note("up_deviation", expected, body)
-            up_sent += 1
         elif event[0] == "reply":
             center = event[1].copy()
             up_pulled = event[1].copy()
