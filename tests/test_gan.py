@@ -191,16 +191,20 @@ def test_two_ranks_train_as_one_process_on_the_global_batch(mpirun, python_run, 
 
 
 @pytest.mark.mpi
-def test_parameter_server_exchanges_both_models(mpirun):
-    job = mpirun("gan_train.py", n=3, args=["--mode", "ps"], timeout=240)
+def test_parameter_server_exchanges_both_models(mpirun, tmp_path):
+    import ps_reference
+
+    job = mpirun("gan_train.py", n=3, args=["--mode", "ps", "--record", tmp_path], timeout=240)
     reports = [job.rank(r) for r in range(3)]
-    for other in reports[1:]:
-        assert other["generator"] == reports[0]["generator"]
-        assert other["discriminator"] == reports[0]["discriminator"]
     master = next(r for r in reports if r["is_master"])
-    assert all(moved > 1e-3 for moved in master["moved"])
     # Generator 5-16-2 and discriminator 2-16-(1, 1): 130 + 82 values in one message.
     assert master["exchanged"] == 212
+    # Every message the workers sent (both models' changes after their d and g
+    # steps) was added to the centre, replayed with Downpour's rule, and every
+    # rank ends with the replayed centre; both models moved.
+    ps_reference.check(tmp_path, ps_reference.Rules("downpour"),
+                       final_weights=[r["all"] for r in reports])
+    assert all(moved > 1e-3 for moved in master["moved"])
     assert len(master["history"]["d_loss"]) == 2 and len(master["history"]["g_loss"]) == 2
 
 

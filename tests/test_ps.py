@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -9,7 +10,9 @@ import time
 import numpy as np
 import pytest
 
+import ps_reference
 from conftest import HERE, WORKERS
+from kdist.ps import protocol
 
 pytestmark = pytest.mark.mpi
 
@@ -22,72 +25,163 @@ MODES = {
     "gem": [],
     "easgd": ["--lr", "0.15", "--sync-every", "4"],
 }
+# The rules each mode must follow (ps_train.py's strategy settings), and rules
+# that must not fit its messages: each mode is told apart from the others.
+RULES = {
+    "downpour": ps_reference.Rules("downpour"),
+    "gem": ps_reference.Rules("gem", gem_kappa=1.5, gem_momentum=0.9),
+    "easgd": ps_reference.Rules("easgd", elastic_force=0.5),
+}
+IMPOSTORS = {
+    "downpour": [ps_reference.Rules("gem"), ps_reference.Rules("easgd"),
+                 ps_reference.Rules("downpour", staleness_aware=True)],
+    "gem": [ps_reference.Rules("downpour"), ps_reference.Rules("gem", gem_kappa=1.0),
+            ps_reference.Rules("gem", staleness_aware=True)],
+    "easgd": [ps_reference.Rules("downpour"), ps_reference.Rules("easgd", elastic_force=0.25)],
+}
+# 3072 rows, batch 32, split between 3 workers: 32 steps per worker and epoch.
+STEPS_PER_EPOCH = 32
 
 
 @pytest.fixture(scope="module")
 def sgd_accuracy(tmp_path_factory):
     """Validation accuracy of single-process SGD on the same task and epochs."""
     reports = tmp_path_factory.mktemp("baseline")
-    env = dict(os.environ, KDIST_TEST_REPORTS=str(reports), PYTHONPATH=HERE,
-               TF_CPP_MIN_LOG_LEVEL="3")
+    env = dict(os.environ, KDIST_TEST_REPORTS=str(reports), TF_CPP_MIN_LOG_LEVEL="3",
+               PYTHONPATH=os.pathsep.join([HERE, os.environ.get("PYTHONPATH", "")]))
     subprocess.run([sys.executable, os.path.join(WORKERS, SCRIPT), "downpour", "--baseline"],
                    env=env, check=True, timeout=120, capture_output=True)
     with open(reports / "rank-0.json") as f:
         return json.load(f)["val_accuracy"]
 
 
-def _same_weights_everywhere(job, n):
+def _final_weights(job, n):
     assert sorted(job.results) == list(range(n)), job.output[-3000:]
-    reference = np.array(job.results[0]["weights"])
-    for rank in range(1, n):
-        np.testing.assert_array_equal(np.array(job.results[rank]["weights"]), reference,
-                                      err_msg=f"rank {rank} ended with other weights")
+    return [job.results[rank]["weights"] for rank in range(n)]
+
+
+def _record(tmp_path, name="record"):
+    directory = tmp_path / name
+    directory.mkdir()
+    return directory
 
 
 @pytest.mark.parametrize("mode", list(MODES))
-def test_each_mode_learns_as_well_as_sgd_and_ends_with_one_model(mpirun, sgd_accuracy, mode):
-    job = mpirun(SCRIPT, n=4, args=[mode] + MODES[mode], timeout=240)
-    _same_weights_everywhere(job, 4)
+def test_each_mode_applies_its_rule_to_every_update_and_learns_as_well_as_sgd(
+        mpirun, sgd_accuracy, mode, tmp_path):
+    record = _record(tmp_path)
+    job = mpirun(SCRIPT, n=4, args=[mode] + MODES[mode] + ["--record", record], timeout=240)
     master = job.results[0]
+    # Every reply, replayed with the mode's own rule from the messages the
+    # workers really sent, in the order the master took them; the staleness
+    # histogram is recounted; every rank ends with the replayed centre.
+    replay = ps_reference.check(record, RULES[mode], stats=master["stats"],
+                                final_weights=_final_weights(job, 4))
+    sync_every = 4 if mode == "easgd" else 1
+    per_worker = 6 * (STEPS_PER_EPOCH // sync_every + 1) + 1  # + epoch ends + the last
+    assert replay.absorbed[0] == 3 * per_worker
+    assert max(replay.histograms[0]) > 1, "three asynchronous workers must see stale centres"
+    for impostor in IMPOSTORS[mode]:
+        assert ps_reference.deviation(record, impostor) > 100 * ps_reference.TOLERANCE, (
+            mode, impostor.mode)
     assert master["val_accuracy"] >= sgd_accuracy - 0.02, (mode, master, sgd_accuracy)
     history = master["history"]
     assert len(history["val_accuracy"]) == 6 and len(history["loss"]) == 6
     # Training metrics come from the workers, validation from the central model.
     assert history["loss"][-1] < history["loss"][0]
-    assert master["stats"]["updates"] > 0
     assert "Epoch 6/6" in job.output and "staleness" in job.output
 
 
-def test_submasters_aggregate_for_their_workers(mpirun, sgd_accuracy):
-    job = mpirun(SCRIPT, n=5, args=["downpour", "--submasters", 1], timeout=240)
-    _same_weights_everywhere(job, 5)
-    assert job.results[0]["val_accuracy"] >= sgd_accuracy - 0.02
-    # The sub-master serves 3 workers and reports up once per round of them.
+def test_submasters_add_up_their_workers_updates_and_report_once_a_round(mpirun,
+                                                                         sgd_accuracy,
+                                                                         tmp_path):
+    record = _record(tmp_path)
+    job = mpirun(SCRIPT, n=5, args=["downpour", "--submasters", 1, "--record", record],
+                 timeout=240)
     master, sub = job.results[0]["stats"], job.results[1]["stats"]
-    assert sub["updates"] > 500
-    assert master["updates"] < sub["updates"] / 2
     assert job.results[2]["stats"] is None  # a worker
+    # The sub-master's replies are its running sum; what it sends up is the
+    # change since its last pull; the master adds that.
+    replay = ps_reference.check(record, ps_reference.Rules("downpour"), stats=master,
+                                final_weights=_final_weights(job, 5))
+    assert replay.absorbed[1] == sub["updates"] == 3 * (6 * (STEPS_PER_EPOCH + 1) + 1)
+    # Nothing lost or counted twice on the way up: the centre moved by the sum
+    # of every worker's updates.
+    records = ps_reference.load(record)
+    total = sum(sent["body"] for rank in (2, 3, 4) for sent in records[rank].sends)
+    np.testing.assert_allclose(replay.centers[0], records[0].server[2] + total, atol=1e-4)
+    # One report up per round of its 3 workers' updates (epoch ends and the
+    # end of training report early).
+    since, rounds = 0, []
+    for event in records[1].events:
+        if event[0] == "absorb":
+            since += 1
+        elif event[0] == "send":
+            rounds.append((event[1], since))
+            since = 0
+    assert {n for kind, n in rounds if kind == protocol.EXCHANGE} == {3}
+    assert master["updates"] == len(rounds) < sub["updates"] / 2
+    assert job.results[0]["val_accuracy"] >= sgd_accuracy - 0.02
 
 
-def test_a_model_of_two_halves_with_two_optimizers_exchanges_both(mpirun):
-    job = mpirun("ps_two_models.py", n=3, timeout=180)
+def test_a_model_of_two_halves_with_two_optimizers_exchanges_both(mpirun, tmp_path):
+    record = _record(tmp_path)
+    job = mpirun("ps_two_models.py", n=3, args=[record], timeout=180)
     assert sorted(job.results) == [0, 1, 2]
-    first, second = job.results[0]["first"], job.results[0]["second"]
-    for rank in (1, 2):
-        assert job.results[rank]["first"] == first and job.results[rank]["second"] == second
     # 4-8-1 and 1-1 dense layers: 49 + 2 values, and no optimizer slots.
     assert job.results[0]["exchanged"] == 51
+    # Each worker's messages carry both halves' changes, and the master added
+    # every one of them: the replay of Downpour ends where every rank ends.
+    ps_reference.check(record, ps_reference.Rules("downpour"),
+                       final_weights=[job.results[r]["all"] for r in range(3)])
+    for rank in (1, 2):
+        sends = [sent["body"] for sent in ps_reference.load(record)[rank].sends]
+        assert max(np.abs(body[:49]).max() for body in sends) > 0
+        assert max(np.abs(body[49:]).max() for body in sends) > 0
     assert all(moved > 0 for moved in job.results[0]["moved"])
     history = job.results[0]["history"]
     assert history["first_loss"][-1] < history["first_loss"][0]
 
 
-def test_early_stopping_on_the_master_stops_every_rank(mpirun, tmp_path):
-    job = mpirun(SCRIPT, n=4, args=["downpour", "--early-stopping", "--logs", tmp_path],
-                 timeout=240)
-    _same_weights_everywhere(job, 4)
+def _closes_epoch(epoch, children):
+    """A replay stop: the message that brings the last child's report for `epoch`."""
+    reported = set()
+
+    def until(child, index, sent):
+        if sent["kind"] == protocol.EPOCH_END and sent["epoch"] == epoch:
+            reported.add(child)
+        return reported == set(children)
+
+    return until
+
+
+def test_early_stopping_on_the_master_stops_every_rank_staleness_aware(mpirun, tmp_path):
+    record = _record(tmp_path)
+    job = mpirun(SCRIPT, n=4, args=["downpour", "--staleness-aware", "--early-stopping",
+                                    "--logs", tmp_path, "--record", record], timeout=240)
     assert job.results[0]["epochs"] == [0, 1]
     assert "Stopping every worker after epoch 2" in job.output
+    # Each update was divided by its staleness; plain Downpour would not fit.
+    aware = ps_reference.Rules("downpour", staleness_aware=True)
+    replay = ps_reference.check(record, aware, stats=job.results[0]["stats"])
+    # The workers stopped too: the request came back with their next exchange,
+    # after which they took no step and only closed the epoch and the run.
+    records = ps_reference.load(record)
+    for rank in (1, 2, 3):
+        after = records[rank].after_first_stop()
+        assert after is not None, f"rank {rank} was never asked to stop"
+        assert not [e for e in after if e[0] == "step"], f"rank {rank} trained on"
+        assert [e[1] for e in after if e[0] == "send"] in (
+            [protocol.EPOCH_END, protocol.DONE], [protocol.DONE])
+    assert any(len(job.results[rank]["epochs"]) < 6 for rank in (1, 2, 3))
+    # Every rank ends with the centre the master's callbacks stopped on, the
+    # one it had when the last worker closed epoch 2.
+    at_stop = ps_reference.replay(records, aware, until=_closes_epoch(1, [1, 2, 3]))
+    for weights in _final_weights(job, 4):
+        np.testing.assert_allclose(weights, at_stop.centers[0], atol=ps_reference.TOLERANCE)
+    assert max(replay.histograms[0]) > 1
+    assert ps_reference.deviation(record, ps_reference.Rules("downpour")) > (
+        100 * ps_reference.TOLERANCE)
     # The master's CSVLogger saw both epochs, with the central validation metrics,
     # and TensorBoard wrote event files for training and validation.
     rows = (tmp_path / "log.csv").read_text().strip().splitlines()
@@ -99,18 +193,43 @@ def test_early_stopping_on_the_master_stops_every_rank(mpirun, tmp_path):
 
 def test_a_crashed_run_resumes_from_the_master_checkpoint(mpirun, tmp_path):
     directory = tmp_path / "ps"
+    seen, first, second = (_record(tmp_path, name) for name in ("seen", "first", "second"))
     args = ["gem", "--checkpoint", directory]
-    crashed = mpirun(SCRIPT, n=4, args=args + ["--stop-after", 3], timeout=240, check=False)
+    crashed = mpirun(SCRIPT, n=4, args=args + ["--stop-after", 3, "--record", first,
+                                               "--epoch-weights", seen],
+                     timeout=240, check=False)
     assert crashed.returncode != 0
     assert "stopping after epoch 3 on purpose" in crashed.output
     assert (directory / "master.npz").exists()
-    resumed = mpirun(SCRIPT, n=4, args=args, timeout=240)
+    # The callbacks of epoch 3 stopped the job before its checkpoint: the last
+    # one is epoch 2's. Its centre and GEM momenta are the replay's state when
+    # the last worker's report of epoch 2 arrived.
+    at_checkpoint = ps_reference.Rules("gem")
+    replay = ps_reference.replay(ps_reference.load(first), at_checkpoint,
+                                 until=_closes_epoch(1, [1, 2, 3]))
+    assert replay.reply_deviation < ps_reference.TOLERANCE
+    np.testing.assert_array_equal(replay.centers[0], np.load(seen / "epoch-1.npy"))
+
+    resumed = mpirun(SCRIPT, n=4, args=args + ["--record", second], timeout=240)
     assert "Resuming from" in resumed.output
-    _same_weights_everywhere(resumed, 4)
     master = resumed.results[0]
-    # Epochs 1-3 came from the checkpoint; this run trained 4-6.
+    # This run started every rank from that centre and the master from those
+    # momenta, and trained epochs 3-6 only.
+    restored = ps_reference.Rules("gem", momenta=replay.momenta)
+    ps_reference.check(second, restored, stats=master["stats"],
+                       final_weights=_final_weights(resumed, 4))
+    np.testing.assert_array_equal(ps_reference.load(second)[0].server[2], replay.centers[0])
+    assert ps_reference.deviation(second, ps_reference.Rules("gem")) > (
+        100 * ps_reference.TOLERANCE), "momenta from zero must not fit a resumed run"
     assert master["epochs"] == [0, 1, 2, 3, 4, 5]
-    assert "Epoch 4/6" in resumed.output and "Epoch 1/6" not in resumed.output
+    for rank in (1, 2, 3):
+        assert resumed.results[rank]["epochs"] == [2, 3, 4, 5]
+    assert "Epoch 3/6" in resumed.output and "Epoch 2/6" not in resumed.output
+    # The history of the first two epochs is the crashed run's.
+    printed = re.findall(r"Epoch (\d)/6 - .*val_accuracy: ([0-9.]+)", crashed.output)
+    assert [e for e, _ in printed] == ["1", "2"]
+    for epoch, value in printed[:2]:
+        assert f"{master['history']['val_accuracy'][int(epoch) - 1]:.4f}" == value
     assert len(master["history"]["val_accuracy"]) == 6
     assert master["history"]["val_accuracy"][-1] > 0.9
 
@@ -124,16 +243,22 @@ def test_a_killed_worker_ends_the_job_quickly_naming_it(mpirun):
 
 
 def test_with_fault_tolerance_the_master_carries_on_without_a_dead_worker(mpirun):
+    # Not recorded: the failure detector's 2 s heartbeat deadline leaves no
+    # room for extra work on a loaded machine.
     job = mpirun(SCRIPT, n=4, args=["downpour", "--die-on", 2, "--fault-tolerant"],
                  timeout=180, check=False, fault_tolerant=True)
     assert "Rank(s) [2] died; carrying on" in job.output, job.output[-3000:]
     assert "carried on without rank(s) [2]" in job.output
     assert sorted(job.results) == [0, 1, 3]
-    reference = np.array(job.results[0]["weights"])
-    for rank in (1, 3):
-        np.testing.assert_array_equal(np.array(job.results[rank]["weights"]), reference)
     master = job.results[0]
     assert master["stats"]["lost"] == [2]
+    # Rank 2's five updates before it died, and every update of the two
+    # survivors through all six epochs, reached the centre.
+    assert master["stats"]["updates"] == 5 + 2 * (6 * (STEPS_PER_EPOCH + 1) + 1)
+    # The survivors alone share the final centre.
+    reference = np.array(master["weights"])
+    for rank in (1, 3):
+        np.testing.assert_array_equal(np.array(job.results[rank]["weights"]), reference)
     assert len(master["history"]["val_accuracy"]) == 6
     assert master["val_accuracy"] > 0.9
 

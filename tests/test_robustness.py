@@ -1,9 +1,15 @@
 """Failures end the job with a clear message; uneven data, overflow and restarts are safe."""
 
+import json
 import os
+import subprocess
+import sys
 import time
 
+import numpy as np
 import pytest
+
+from conftest import HERE, WORKERS
 
 pytestmark = pytest.mark.mpi
 
@@ -30,15 +36,48 @@ def test_different_models_are_reported_by_variable_name(mpirun):
     assert "kernel" in job.output and "(12, 32)" in job.output and "(12, 33)" in job.output
 
 
+@pytest.fixture(scope="module")
+def uneven_reference(tmp_path_factory):
+    """One process trained as two ranks with uneven data must train together."""
+    reports = tmp_path_factory.mktemp("uneven_reference")
+    env = {name: value for name, value in os.environ.items()
+           if not name.startswith(("OMPI_", "PMIX_", "PMI_"))}
+    env.update(KDIST_TEST_REPORTS=str(reports), TF_CPP_MIN_LOG_LEVEL="3",
+               PYTHONPATH=os.pathsep.join([HERE, env.get("PYTHONPATH", "")]))
+    subprocess.run([sys.executable, os.path.join(WORKERS, "robust.py"), "reference"],
+                   env=env, check=True, timeout=120, capture_output=True)
+    with open(reports / "rank-0.json") as f:
+        return json.load(f)
+
+
 @pytest.mark.parametrize("case,native", [("uneven", "1"), ("uneven", "0"),
                                          ("mixed_uneven", "1")])
-def test_uneven_batches_across_ranks_finish_with_identical_weights(mpirun, case, native):
-    # mixed_uneven: mixed_float16, uneven batches and an overflow on rank 1, all at once.
+def test_uneven_batches_average_over_the_ranks_that_still_train(mpirun, uneven_reference,
+                                                                case, native):
+    # Rank 0 has 5 batches per epoch, rank 1 has 8. Steps 1-5 average both
+    # ranks' gradients; steps 6-8 take rank 1's alone (rank 0 feeds zeros,
+    # which must not count); at the epoch's end rank 0 takes rank 1's state.
+    # mixed_uneven: mixed_float16 and an overflow on rank 1 at step 4 as well.
     # native=0: the py-function engine, whose join protocol must match too.
     job = mpirun("robust.py", n=2, args=[case], timeout=150,
                  env={"KDIST_NATIVE_OPS": native})
-    assert job.rank(0)["weights"] == job.rank(1)["weights"]
-    assert job.rank(0)["loss"] == job.rank(1)["loss"], "averaged metrics must agree"
+    expected = uneven_reference[case]["after_step"]
+    atol = 1e-4 if case == "mixed_uneven" else 1e-5
+    rank0, rank1 = job.rank(0), job.rank(1)
+    # Before the epoch-end copy: each rank is where its own steps took it.
+    for epoch in range(2):
+        np.testing.assert_allclose(rank0["before_epoch_end"][epoch], expected[8 * epoch + 4],
+                                   atol=atol, rtol=0, err_msg=f"rank 0, epoch {epoch + 1}")
+        np.testing.assert_allclose(rank1["before_epoch_end"][epoch], expected[8 * epoch + 7],
+                                   atol=atol, rtol=0, err_msg=f"rank 1, epoch {epoch + 1}")
+    # After it: both hold the last rank's weights, and rank 0 had fallen behind.
+    assert rank0["weights"] == rank1["weights"]
+    np.testing.assert_allclose(rank0["weights"], expected[-1], atol=atol, rtol=0)
+    assert np.abs(np.subtract(rank0["before_epoch_end"][1], expected[-1])).max() > 10 * atol
+    # The averaged metric is the mean of each rank's own epoch loss (not a
+    # number in mixed_uneven, where the overflowing batch's loss counts too).
+    np.testing.assert_allclose(rank0["loss"], rank1["loss"], rtol=0, atol=0)
+    np.testing.assert_allclose(rank0["loss"], uneven_reference[case]["loss"], rtol=1e-5)
 
 
 def test_an_overflow_on_one_rank_makes_every_rank_skip_and_lower_the_scale(mpirun):

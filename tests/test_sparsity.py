@@ -393,6 +393,24 @@ def test_tf_keras_models_are_handed_to_tensorflow_model_optimization():
 
 # Several ranks -------------------------------------------------------------------------
 
+def _assert_workers_trained_with_the_masters_masks(reports):
+    """The final broadcast makes every rank's masks equal; during training
+    only the master's masks, sent with the weights, can."""
+    final = {name: "".join(str(v) for v in mask) for name, mask in reports[0]["masks"].items()}
+    for rank in (1, 2):
+        steps = reports[rank]["worker_steps"]
+        assert len(steps) == 16, f"rank {rank} recorded {len(steps)} steps of epoch 2"
+        # The master holds the raw kernel at zero under its mask.
+        for step in steps:
+            assert all(layer["hidden"] == 0.0 for layer in step.values()), step
+        # Each exchange is one master update. Before step 9 of its second epoch a
+        # worker has made 16 + 1 + 8 = 25 exchanges, so its last reply left the
+        # master after update 24, the schedule's last: from there on it holds
+        # the final masks (earlier, a worker ahead of the other may not yet).
+        for step in steps[8:]:
+            assert {name: layer["mask"] for name, layer in step.items()} == final
+
+
 @pytest.mark.mpi
 @pytest.mark.parametrize("mode, n", [("hvd", 2), ("mpi", 2), ("ps", 3)])
 def test_masks_are_identical_on_every_rank(mpirun, mode, n):
@@ -413,6 +431,7 @@ def test_masks_are_identical_on_every_rank(mpirun, mode, n):
         # The master counts its own updates (2 workers x 16 steps per epoch): the
         # schedule (end_step=24) is over after the first epoch.
         assert master["sparsity/dense"][0] == pytest.approx(first["expected"], abs=0.01)
+        _assert_workers_trained_with_the_masters_masks(reports)
     else:
         assert master["sparsity/dense"][0] < first["expected"] - 0.1
 
@@ -423,6 +442,7 @@ def test_the_parameter_server_master_prunes_a_quantised_model(mpirun):
     reports = [job.rank(r) for r in range(3)]
     for other in reports[1:]:
         assert other["masks"] == reports[0]["masks"]
+    _assert_workers_trained_with_the_masters_masks(reports)
     kernel = np.array(reports[0]["kernels"]["dense"]).reshape(12, 32)
     assert np.mean(kernel == 0) >= reports[0]["expected"] - 0.01
     for channel in range(kernel.shape[1]):

@@ -12,6 +12,7 @@ import argparse
 import keras
 import numpy as np
 
+import ps_record
 from common import report
 
 import kdist
@@ -26,6 +27,7 @@ parser.add_argument("--d-steps", type=int, default=2)
 parser.add_argument("--g-steps", type=int, default=1)
 parser.add_argument("--seed-per-rank", action="store_true")
 parser.add_argument("--jit", action="store_true", help="compile the steps with XLA")
+parser.add_argument("--record", help="with --mode ps: record the exchanges (see ps_record)")
 args = parser.parse_args()
 
 LATENT, ROWS = 4, 256
@@ -79,9 +81,16 @@ else:
                     label_smoothing=0.1, jit_compile=args.jit)
     batch = args.global_batch
 
+fit_kwargs = {}
+if args.record:
+    ps_record.install(args.record)
+    fit_kwargs["worker_callbacks"] = []
+    if strategy.is_worker:
+        ps_record.watch(gan)
+        fit_kwargs["worker_callbacks"].append(ps_record.StepStarts())
 before_g, before_d = gan.generator.get_weights(), gan.discriminator.get_weights()
 history = gan.fit(data, batch_size=batch, epochs=args.epochs, shuffle=False, verbose=0,
-                  callbacks=callbacks)
+                  callbacks=callbacks, **fit_kwargs)
 
 
 def flat(model):
@@ -97,6 +106,7 @@ report({
     "g_iterations": int(gan.g_optimizer.iterations),
     "history": {k: [float(v) for v in vs] for k, vs in history.history.items()},
     "exchanged": kdist.ps.Layout(gan).size if args.mode == "ps" else None,
+    "all": ps_record.flat(gan).tolist() if args.record else None,
     "is_master": bool(strategy.is_master) if args.mode == "ps" else rank == 0,
     "jit": bool(gan.jit_compile),
 })

@@ -2,6 +2,11 @@
 
 Usage: ps_train.py MODE [--epochs E] [--submasters K] [--checkpoint DIR]
        [--stop-after E] [--die-on RANK] [--raise-on RANK] [--baseline]
+       [--staleness-aware] [--record DIR] [--epoch-weights DIR]
+
+With --record, every rank records its exchanges for `ps_reference` to replay;
+with --epoch-weights, the master saves the central weights its callbacks see
+at each epoch's end.
 """
 
 import argparse
@@ -28,6 +33,9 @@ parser.add_argument("--baseline", action="store_true")
 parser.add_argument("--lr", type=float, default=0.05)
 parser.add_argument("--elastic-force", type=float, default=0.5)
 parser.add_argument("--jit", action="store_true", help="compile the steps with XLA")
+parser.add_argument("--staleness-aware", action="store_true")
+parser.add_argument("--record")
+parser.add_argument("--epoch-weights")
 args = parser.parse_args()
 
 import keras  # noqa: E402
@@ -69,7 +77,7 @@ if args.baseline:
 strategy = kdist.ps.ParameterServerStrategy(
     mode=args.mode, sync_every=args.sync_every, submasters=args.submasters,
     checkpoint_dir=args.checkpoint, elastic_force=args.elastic_force,
-    fault_tolerant=args.fault_tolerant)
+    fault_tolerant=args.fault_tolerant, staleness_aware=args.staleness_aware)
 
 
 class Trouble(keras.callbacks.Callback):
@@ -82,6 +90,9 @@ class Trouble(keras.callbacks.Callback):
 
 class Crash(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
+        if args.epoch_weights:
+            np.save(os.path.join(args.epoch_weights, f"epoch-{epoch}.npy"),
+                    np.array(flat_weights(self.model)))
         if epoch + 1 == args.stop_after:
             kdist.comm.abort(f"stopping after epoch {epoch + 1} on purpose")
 
@@ -89,6 +100,15 @@ class Crash(keras.callbacks.Callback):
 with strategy.scope():
     model = build()
     compile_(model)
+
+worker_callbacks = [Trouble()]
+if args.record:
+    import ps_record
+
+    ps_record.install(args.record)
+    if strategy.is_worker:
+        ps_record.watch(model)
+        worker_callbacks.append(ps_record.StepStarts())
 
 callbacks = [Crash()]
 if args.logs:
@@ -98,10 +118,11 @@ if args.early_stopping:
     callbacks.append(keras.callbacks.EarlyStopping(monitor="val_loss", patience=0,
                                                    min_delta=10.0))
 history = model.fit(x, y, batch_size=32, epochs=args.epochs, shuffle=False,
-                    validation_data=(xv, yv), callbacks=callbacks, worker_callbacks=[Trouble()])
+                    validation_data=(xv, yv), callbacks=callbacks,
+                    worker_callbacks=worker_callbacks)
 accuracy = model.evaluate(xv, yv, verbose=0, return_dict=True)["accuracy"]
 report({"rank": kdist.rank(), "val_accuracy": accuracy, "weights": flat_weights(model),
         "jit": bool(model.jit_compile),
         "history": history.history if strategy.is_master else None,
-        "epochs": list(getattr(history, "epoch", [])) if strategy.is_master else None,
+        "epochs": list(getattr(history, "epoch", [])),
         "stats": strategy.stats if not strategy.is_worker else None})

@@ -1,13 +1,17 @@
 """A model made of two sub-models, each with its own optimizer, trained by the parameter server.
 
 Each step updates both halves (as a GAN's alternating step does); the exchange
-after it must carry both. Reports each half's weights on every rank.
+after it must carry both. Reports each half's weights on every rank; with a
+directory as argument, records the exchanges there (see ps_record).
 """
+
+import sys
 
 import keras
 import numpy as np
 import tensorflow as tf
 
+import ps_record
 from common import report
 
 import kdist
@@ -53,11 +57,18 @@ with strategy.scope():
     model = Pair()
     model(x[:1])
     model.compile(keras.optimizers.SGD(0.02), keras.optimizers.SGD(0.02))
+worker_callbacks = []
+if len(sys.argv) > 1:
+    ps_record.install(sys.argv[1])
+    if strategy.is_worker:
+        ps_record.watch(model)
+        worker_callbacks.append(ps_record.StepStarts())
 before = [w.copy() for w in model.first.get_weights() + model.second.get_weights()]
-history = model.fit(x, y, batch_size=32, epochs=3)
+history = model.fit(x, y, batch_size=32, epochs=3, worker_callbacks=worker_callbacks)
 after = model.first.get_weights() + model.second.get_weights()
 report({"first": [w.ravel().tolist() for w in model.first.get_weights()],
         "second": [w.ravel().tolist() for w in model.second.get_weights()],
         "moved": [float(np.abs(a - b).max()) for a, b in zip(after, before)],
         "exchanged": kdist.ps.Layout(model).size,
+        "all": ps_record.flat(model).tolist(),
         "history": history.history if strategy.is_master else None})

@@ -1,6 +1,9 @@
 """Prunes (and optionally quantises) a small model on several ranks; reports the masks.
 
 Usage: sparsity_train.py {hvd,mpi,ps} [--quantize]
+
+Under the parameter server, each worker also reports the masks it trains with
+in its second epoch, and the largest raw kernel value they hide.
 """
 
 import argparse
@@ -43,7 +46,7 @@ def compile_(model, optimizer):
 
 kdist.init()
 rank, size = kdist.rank(), kdist.size()
-logs = {}
+extra = {}
 if args.mode == "hvd":
     model = build()
     compile_(model, kdist.DistributedOptimizer(keras.optimizers.Adam(1e-2)))
@@ -60,12 +63,36 @@ elif args.mode == "mpi":
     history = model.fit(x, y, batch_size=64, epochs=2, verbose=0, shuffle=False,
                         callbacks=[sparsity.UpdatePruning()])
 else:
+    class MaskProbe(keras.callbacks.Callback):
+        """What a worker starts each step of its second epoch from, before any final sync."""
+
+        def __init__(self):
+            super().__init__()
+            self.epoch, self.steps = 0, []
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self.epoch = epoch
+
+        def on_train_batch_begin(self, batch, logs=None):
+            if self.epoch != 1:
+                return
+            step = {}
+            for w in sparsity.pruned_layers(self.model):
+                mask = keras.ops.convert_to_numpy(w.mask)
+                kernel = keras.ops.convert_to_numpy(w.kernel)
+                step[w.base_layer.name] = {
+                    "mask": "".join("1" if v else "0" for v in mask.ravel()),
+                    "hidden": float(np.abs(kernel[mask == 0]).max(initial=0.0))}
+            self.steps.append(step)
+
     strategy = kdist.ps.ParameterServerStrategy(mode="downpour")
     with strategy.scope():
         model = build()
         compile_(model, keras.optimizers.SGD(0.05))
+    probe = MaskProbe()
     history = model.fit(x, y, batch_size=32, epochs=2, verbose=0,
-                        callbacks=[sparsity.UpdatePruning()])
+                        callbacks=[sparsity.UpdatePruning()], worker_callbacks=[probe])
+    extra["worker_steps"] = probe.steps if strategy.is_worker else None
 
 masks = {w.base_layer.name: keras.ops.convert_to_numpy(w.mask).astype(int).ravel().tolist()
          for w in sparsity.pruned_layers(model)}
@@ -78,4 +105,4 @@ report({"masks": masks, "kernels": kernels, "sparsity": sparsity.sparsity_of(mod
         # Stripping drops activation quantisation, so only a pruned model predicts the same.
         "strip_equal": args.quantize or bool(np.array_equal(model.predict(x, verbose=0),
                                                             plain.predict(x, verbose=0))),
-        "expected": SCHEDULE.sparsity_reached()})
+        "expected": SCHEDULE.sparsity_reached(), **extra})

@@ -43,12 +43,25 @@ opt = kdist.DistributedOptimizer(inner, compression=compression,
                                  average_aggregated_gradients=True)
 model.compile(optimizer=opt, jit_compile=args.jit,
               loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-# Evaluating first would build the lazy model; its loss is taken from a copy instead.
+# A lazy model has no weights before its first step (and evaluating would build it).
+built = None if args.lazy else flat_weights(model)
+
+
+class FirstStep(keras.callbacks.Callback):
+    """The weights the first step starts from (after the broadcast)."""
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if batch == 0:
+            self.weights = flat_weights(self.model) if self.model.variables else None
+
+
+first_step = FirstStep()
 before = None if args.lazy else float(model.evaluate(x, y, verbose=0, batch_size=len(x)))
 history = model.fit(data, epochs=1, verbose=0, shuffle=False,
-                    callbacks=[] if args.no_broadcast else [
-                        kdist.callbacks.BroadcastGlobalVariablesCallback(0)])
+                    callbacks=([] if args.no_broadcast else [
+                        kdist.callbacks.BroadcastGlobalVariablesCallback(0)]) + [first_step])
 after = float(model.evaluate(x, y, verbose=0, batch_size=len(x)))
 report({"weights": flat_weights(model), "loss_before": before, "loss_after": after,
+        "built": built, "first_step": first_step.weights,
         "iterations": int(opt.iterations.numpy()), "jit": bool(model.jit_compile),
         "native": kdist.size() > 1 and kdist.comm.native.load() is not None})
