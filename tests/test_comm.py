@@ -154,7 +154,31 @@ def test_collectives_on_real_ranks(mpirun, n):
         else:
             assert "is not in ProcessSet" in got["process_set_error"]
         assert got["removed"] is True and got["homogeneous"] is True
+        assert got["world_is_a_copy"] is True
+        if r == n - 1:
+            assert got["own_message"] == "the script's own message"
         assert got["last_joined"] in ranks
+
+
+def test_mpi_without_thread_support_is_refused_and_serialized_is_warned(monkeypatch):
+    class FakeMPI:
+        THREAD_SINGLE, THREAD_FUNNELED, THREAD_SERIALIZED, THREAD_MULTIPLE = 0, 1, 2, 3
+        level = 1
+
+        @classmethod
+        def Query_thread(cls):
+            return cls.level
+
+    monkeypatch.setattr(processes, "_mpi", lambda: FakeMPI)
+    with pytest.raises(RuntimeError, match="MPI_THREAD_FUNNELED.*mpi4py.rc.thread_level"):
+        processes._check_thread_level()
+    FakeMPI.level = FakeMPI.THREAD_SERIALIZED
+    warnings = []
+    monkeypatch.setattr(processes.logger, "warning", lambda text, *args: warnings.append(text))
+    assert processes._check_thread_level() == FakeMPI.THREAD_SERIALIZED
+    assert "cannot ask other ranks" in warnings[0]
+    FakeMPI.level = FakeMPI.THREAD_MULTIPLE
+    assert processes._check_thread_level() == FakeMPI.THREAD_MULTIPLE
 
 
 def test_srun_with_a_mismatched_pmi_plugin_is_refused():

@@ -29,7 +29,11 @@ def model_state(model):
         optimizer = getattr(model, "optimizer", None)
         optimizers = [] if optimizer is None else [optimizer]
         if optimizers and not optimizer.built and model.built and model.trainable_variables:
-            optimizer.build(model.trainable_variables)
+            # In the optimizer's own name scope, as Keras builds it in a train step, so
+            # that its variables have the same paths whoever builds it (checkpoints
+            # match by path).
+            with keras.name_scope(optimizer.name, caller=optimizer):
+                optimizer.build(model.trainable_variables)
     for optimizer in optimizers:
         if optimizer.built:
             variables += list(optimizer.variables)

@@ -89,5 +89,17 @@ else:
         out["process_set_error"] = str(error)
 out["removed"] = kdist.remove_process_set(evens)
 out["homogeneous"] = kdist.is_homogeneous()
+from mpi4py import MPI  # noqa: E402
+
+# kdist's world is its own copy: a script's messages on COMM_WORLD never meet kdist's.
+out["world_is_a_copy"] = MPI.Comm.Compare(kdist.comm.world().mpi, MPI.COMM_WORLD) == \
+    MPI.CONGRUENT
+if r == 0:
+    MPI.COMM_WORLD.isend("the script's own message", dest=n - 1, tag=7)
+if r == n - 1:
+    ours = MPI.COMM_WORLD.irecv(source=0, tag=7)
+kdist.allreduce(np.ones(2))  # kdist's traffic in between
+if r == n - 1:
+    out["own_message"] = ours.wait()
 out["last_joined"] = kdist.join()
 report(out)
