@@ -23,13 +23,17 @@ def join_once(model, epoch):
         return
     if _joined.get(model) == epoch:
         return
-    last, anyone_fell_behind = joining.join_and_tell()
+    # The ranks that train this model: its kdist optimizer's (a search's team, a
+    # process set), else the whole job.
+    core = distributed_core(model)
+    comm = getattr(core, "comm", None) or processes.world()
+    last, anyone_fell_behind = joining.join_and_tell(comm)
     if anyone_fell_behind:
         from kdist.callbacks.broadcast import model_state
 
         local = _local.get(model, ())
         shared = [v for v in model_state(model) if id(v) not in local]
-        collectives.broadcast_variables(shared, root_rank=last)
+        collectives.broadcast_variables(shared, root_rank=last, comm=comm)
     _joined[model] = epoch
 
 

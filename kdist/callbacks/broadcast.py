@@ -57,6 +57,10 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         local_variables: a variable or variables that keep each rank's own
             value, at the start and when ranks are brought back in step
             after a join.
+        process_set: a `kdist.ProcessSet`; broadcast among its ranks only
+            (`root_rank` is then a rank of the set).
+        comm: a kdist communicator to broadcast over instead (a search's
+            `kdist.tune.trial_comm()`, say); `root_rank` is a rank of it.
 
     Example:
 
@@ -64,10 +68,13 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     >>> callback = kdist.callbacks.BroadcastGlobalVariablesCallback(0)
     """
 
-    def __init__(self, root_rank=0, device="", local_variables=None):
+    def __init__(self, root_rank=0, device="", local_variables=None, process_set=None,
+                 comm=None):
         super().__init__()
         self.root_rank = _args.whole_number(root_rank, "root_rank")
-        size = processes.size()
+        self.comm = None if comm is None and process_set is None else \
+            collectives.resolve_comm(comm, process_set)
+        size = processes.size() if self.comm is None else self.comm.size
         if not 0 <= self.root_rank < size:
             raise ValueError(f"root_rank={root_rank!r} is not a rank of this job; the ranks "
                              f"are 0 to {size - 1}.")
@@ -104,7 +111,7 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     def _broadcast(self):
         local = {id(v) for v in self._local_variables}
         shared = [v for v in model_state(self.model) if id(v) not in local]
-        collectives.broadcast_variables(shared, root_rank=self.root_rank)
+        collectives.broadcast_variables(shared, root_rank=self.root_rank, comm=self.comm)
         self._pending = False
         if processes.size() > 1:
             logger.debug("broadcast model and optimizer state from rank %d", self.root_rank)

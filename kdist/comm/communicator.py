@@ -56,6 +56,14 @@ class Communicator:
         # py-function ops on different threads.
         self.lock = threading.RLock()
 
+    def __copy__(self):
+        return self
+
+    def __deepcopy__(self, memo):
+        # A handle on a group of processes: copies of callbacks and optimizers
+        # (keras-tuner deep-copies the callbacks of each trial) talk to the same ranks.
+        return self
+
     @property
     def mpi(self):
         """The underlying `mpi4py.MPI.Comm`, or None in a world of one."""

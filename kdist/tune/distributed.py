@@ -17,6 +17,7 @@ command resumes with the finished trials kept. The directory must be shared
 by all ranks.
 """
 
+import contextlib
 import logging
 import os
 import socket
@@ -243,6 +244,40 @@ def _lead(tuner, roles, address, fit_args, fit_kwargs):
                 os.environ[name] = value
 
 
+@contextlib.contextmanager
+def _team_starts_alike(run_trial, roles):
+    """Makes a stock tuner's data-parallel team train each trial from one set of weights.
+
+    `KFoldTuner` broadcasts each fold's model itself; any other tuner's
+    hypermodel builds one model per rank, with each rank's own random
+    initialisation, so its `fit` gets a broadcast from the team's first rank.
+    """
+    from kdist.tune.kfold import KFoldTuner
+
+    tuner = getattr(run_trial, "__self__", None)
+    hypermodel = getattr(tuner, "hypermodel", None)
+    if (roles.team_comm.size == 1 or isinstance(tuner, KFoldTuner) or hypermodel is None):
+        yield
+        return
+    from kdist.callbacks.broadcast import BroadcastGlobalVariablesCallback
+
+    fit, own = hypermodel.fit, vars(hypermodel).get("fit")
+
+    def fit_from_one_start(hp, model, *args, **kwargs):
+        callbacks = list(kwargs.pop("callbacks", None) or [])
+        callbacks.insert(0, BroadcastGlobalVariablesCallback(0, comm=roles.team_comm))
+        return fit(hp, model, *args, callbacks=callbacks, **kwargs)
+
+    hypermodel.fit = fit_from_one_start
+    try:
+        yield
+    finally:
+        if own is None:
+            del hypermodel.fit  # back to the class's method
+        else:
+            hypermodel.fit = own
+
+
 def _tell_group(roles, message):
     for member in range(1, roles.group_comm.size):
         p2p.send_object(roles.group_comm, member, message, TRIAL_TAG)
@@ -274,7 +309,8 @@ def _run_together(roles, run_trial, trial, args, kwargs):
     """Runs the trial here, then lets every rank of the group know how it went."""
     result, error = None, None
     try:
-        result = run_trial(trial, *args, **kwargs)
+        with _team_starts_alike(run_trial, roles):
+            result = run_trial(trial, *args, **kwargs)
     except Exception as caught:  # reported to the oracle by the group's leader
         error = caught
     outcomes = roles.group_comm.allgather_object(
