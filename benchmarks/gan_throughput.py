@@ -1,6 +1,7 @@
 """Training throughput of the calorimeter GAN: showers per second on 1 and 2 ranks.
 
     python benchmarks/gan_throughput.py [--models small,full] [--ranks 1,2] [--steps 6]
+                                        [--batch SHOWERS_PER_RANK]
 
 For each model of examples/gan_calorimeter (small and full 3DGAN), trains on
 simulated showers with `kdist.DistributedOptimizer` around both optimizers
@@ -42,7 +43,7 @@ def worker(args):
                            + (["--small"] if small else []))
     gan = train.build_gan(settings)
     train.compile_gan(gan, settings, kdist.DistributedOptimizer if kdist.size() > 1 else None)
-    batch = BATCH[args.model]
+    batch = args.batch or BATCH[args.model]
     energies = np.random.default_rng(kdist.rank()).uniform(10, 500, 4 * batch)
     rows = train.to_model_units(data.simulate(energies, seed=kdist.rank()), energies)
     dataset = tf.data.Dataset.from_tensor_slices(
@@ -67,11 +68,11 @@ def worker(args):
               flush=True)
 
 
-def launch(model, ranks, steps):
+def launch(model, ranks, steps, batch=0):
     from kdist.cli import mpiexec_command
 
     command = [sys.executable, "-u", os.path.abspath(__file__), "--worker", "--model", model,
-               "--steps", str(steps)]
+               "--steps", str(steps), "--batch", str(batch)]
     argv, env = mpiexec_command(ranks, command)
     env = dict(env, TF_CPP_MIN_LOG_LEVEL="3")
     done = subprocess.run(argv, env=env, stdout=subprocess.PIPE, text=True, timeout=1800)
@@ -89,6 +90,8 @@ def main():
     parser.add_argument("--models", default="small,full")
     parser.add_argument("--ranks", default="1,2")
     parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--batch", type=int, default=0,
+                        help="showers per rank and step (default: 16 small, 8 full)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--model", choices=sorted(BATCH), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -101,8 +104,8 @@ def main():
     ranks = [int(r) for r in args.ranks.split(",")]
     result = {"steps": args.steps, "cpu_count": os.cpu_count(), "models": {}}
     for model in models:
-        runs = {str(n): launch(model, n, args.steps) for n in ranks}
-        entry = {"batch_per_rank": BATCH[model],
+        runs = {str(n): launch(model, n, args.steps, args.batch) for n in ranks}
+        entry = {"batch_per_rank": args.batch or BATCH[model],
                  "showers_per_s": {n: run["showers_per_s"] for n, run in runs.items()},
                  "seconds_per_step": {n: run["seconds_per_step"] for n, run in runs.items()}}
         if "1" in runs and "2" in runs:

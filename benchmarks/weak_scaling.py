@@ -221,6 +221,9 @@ def main():
     unknown = sorted(set(modes) - set(ALL_MODES))
     if unknown:
         parser.error(f"unknown modes {unknown}; choose from {ALL_MODES}")
+    if args.steps <= 50:
+        parser.error("--steps must be more than 50: the first 50 steps are warm-up and "
+                     "are not timed")
     if "single" not in modes:
         modes.insert(0, "single")  # the baseline every efficiency is measured against
     if "tf_keras_multi_worker" in modes and importlib.util.find_spec("tf_keras") is None:

@@ -28,11 +28,11 @@ def test_allreduce_fusion_benchmark_prints_ratios(mpirun):
 def test_weak_scaling_benchmark_compares_all_cases_in_one_run(mpiexec_path):
     done = subprocess.run(
         [sys.executable, os.path.join(ROOT, "benchmarks", "weak_scaling.py"), "--rounds", "1",
-         "--steps", "60", "--modes", "side_by_side,kdist,mpi_strategy,tf_multi_worker"],
+         "--steps", "60", "--modes", "kdist,mpi_strategy"],
         capture_output=True, text=True, timeout=400, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
     assert done.returncode == 0, done.stderr[-3000:]
     result = _json_from(done.stdout)
-    modes = {"single", "side_by_side", "kdist", "mpi_strategy", "tf_multi_worker"}
+    modes = {"single", "kdist", "mpi_strategy"}
     assert set(result["ms_per_step"]) == modes
     assert set(result["efficiency"]) == modes - {"single"}
     assert all(value > 0 for value in result["efficiency"].values())
@@ -65,7 +65,7 @@ def test_gan_throughput_benchmark_compares_one_and_two_ranks(mpiexec_path):
     pytest.importorskip("h5py")
     done = subprocess.run(
         [sys.executable, os.path.join(ROOT, "benchmarks", "gan_throughput.py"), "--models",
-         "small", "--steps", "1"],
+         "small", "--steps", "1", "--batch", "2"],
         capture_output=True, text=True, timeout=400, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
     assert done.returncode == 0, done.stderr[-3000:]
     result = _json_from(done.stdout)

@@ -9,8 +9,10 @@ pytestmark = pytest.mark.mpi
 ENGINES = {"native": {}, "py_function": {"KDIST_NATIVE_OPS": "0"}}
 
 
-@pytest.mark.parametrize("engine", sorted(ENGINES))
-@pytest.mark.parametrize("optimizer,lr,tolerance", [("sgd", 0.05, 1e-5), ("adam", 1e-3, 1e-4)])
+# Each engine with one optimizer: the optimizer only changes what is applied after
+# the reduction, which both engines hand back alike.
+@pytest.mark.parametrize("engine,optimizer,lr,tolerance", [("native", "adam", 1e-3, 1e-4),
+                                                           ("py_function", "sgd", 0.05, 1e-5)])
 def test_two_ranks_match_one_process_on_the_global_batch(mpirun, python_run, optimizer, lr,
                                                          tolerance, engine):
     args = ["--optimizer", optimizer, "--lr", lr, "--global-batch", 16, "--steps", 20]

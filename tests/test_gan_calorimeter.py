@@ -115,7 +115,8 @@ def test_models_have_the_published_shapes(small):
 def test_two_ranks_train_resume_and_validate(mpirun, tmp_path):
     out = tmp_path / "run"
     train = os.path.join(EXAMPLE, "train.py")
-    args = ["--quick", "--output", out, "--showers", 64, "--steps", 2]
+    # Small batches: the 3D convolutions take seconds per shower-step on a CPU.
+    args = ["--quick", "--output", out, "--showers", 64, "--steps", 2, "--batch-size", 2]
     job = mpirun(train, n=2, args=args + ["--epochs", 1], timeout=300)
     assert "with hvd on 2 process(es)" in job.output and "2/2 - " in job.output
     assert (out / "generator.keras").exists() and (out / "checkpoints").is_dir()
@@ -162,7 +163,7 @@ def test_train_runs_with_the_other_strategies(mpirun, tmp_path, strategy, ranks)
     out = tmp_path / "run"
     job = mpirun(os.path.join(EXAMPLE, "train.py"), n=ranks, timeout=300,
                  args=["--quick", "--strategy", strategy, "--output", out, "--showers", 48,
-                       "--steps", 2, "--epochs", 2])
+                       "--steps", 1, "--epochs", 2, "--batch-size", 2])
     assert f"with {strategy} on {ranks} process(es)" in job.output
     summary = json.loads((out / "train.json").read_text())
     assert summary["strategy"] == strategy and summary["epochs_run"] == 2

@@ -119,15 +119,15 @@ def test_elite_and_tournament_use_fitness():
 
 @pytest.mark.parametrize("kind", sorted(ORACLES))
 def test_oracle_runs_every_trial_and_is_reproducible(kind, tmp_path):
-    first = _search(ORACLES[kind](seed=3), tmp_path / "a")
+    first = _search(ORACLES[kind](seed=3, trials=12), tmp_path / "a")
     trials = first.oracle.trials
-    assert len(trials) == 20
+    assert len(trials) == 12
     assert all(t.status == "COMPLETED" for t in trials.values())
     hashes = {first.oracle._compute_values_hash(v) for v in first.seen}
-    assert len(hashes) == 20  # never the same values twice
-    again = _search(ORACLES[kind](seed=3), tmp_path / "b")
+    assert len(hashes) == 12  # never the same values twice
+    again = _search(ORACLES[kind](seed=3, trials=12), tmp_path / "b")
     assert again.seen == first.seen
-    other = _search(ORACLES[kind](seed=4), tmp_path / "c")
+    other = _search(ORACLES[kind](seed=4, trials=12), tmp_path / "c")
     assert other.seen != first.seen
     for values in first.seen:
         assert 1e-4 <= values["lr"] <= 1e-1 and values["units"] % 8 == 0

@@ -127,6 +127,8 @@ def main(argv=None):
     if strategy_name == "single" and size > 1:
         raise SystemExit("--strategy single runs on one process; use hvd, mpi or ps under "
                          "kdist run.")
+    if rank == 0:
+        os.makedirs(args.output, exist_ok=True)
     found = glob.glob(os.path.join(args.data, "*.h5"))
     # Real files are used as they are; a simulated set left incomplete is completed.
     if rank == 0 and all(data.is_simulated(p) for p in found) and len(found) < args.files:
