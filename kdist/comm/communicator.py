@@ -55,6 +55,7 @@ class Communicator:
         # One collective at a time per communicator: TensorFlow may run two
         # py-function ops on different threads.
         self.lock = threading.RLock()
+        self._packed = {}  # dtype -> the reusable buffer of allreduce_many
 
     def __copy__(self):
         return self
@@ -171,27 +172,48 @@ class Communicator:
         if scaled and dtype.kind != "f" and dtype.name != "bfloat16":
             raise TypeError(f"Averaging or scaling needs floating values; got {dtype}.")
         sizes = [a.size for a in arrays]
-        packed = np.empty(sum(sizes) + (1 if average else 0), dtype=dtype)
-        offset = 0
-        for a, n in zip(arrays, sizes):
-            np.multiply(a.reshape(-1), prescale, out=packed[offset:offset + n],
-                        casting="unsafe")
-            offset += n
-        if average:
-            packed[-1] = 1
-        if self._comm is not None:
-            self._allreduce_flat(packed, protocol_op(op), label)
-        factor = postscale
-        if average:
-            contributors = float(packed[-1])
-            factor = postscale / contributors if contributors > 0 else postscale
-        if factor != 1.0:
-            packed = (packed.astype(np.float64) * factor).astype(dtype)
-        results, offset = [], 0
-        for a, n in zip(arrays, sizes):
-            results.append(packed[offset:offset + n].reshape(a.shape))
-            offset += n
+        total = sum(sizes) + (1 if average else 0)
+        results = [np.empty(a.shape, dtype) for a in arrays]
+        with self.lock:
+            # One buffer, kept: a fresh one each call costs page faults, and MPI
+            # registers new memory again, several times the reduction itself.
+            packed = self._pack_buffer(dtype, total)
+            offset = 0
+            for a, n in zip(arrays, sizes):
+                if prescale == 1.0:
+                    np.copyto(packed[offset:offset + n], a.reshape(-1))
+                else:
+                    np.multiply(a.reshape(-1), prescale, out=packed[offset:offset + n],
+                                casting="unsafe")
+                offset += n
+            if average:
+                packed[-1] = 1
+            if self._comm is not None:
+                self._allreduce_flat(packed, protocol_op(op), label)
+            factor = postscale
+            if average:
+                contributors = float(packed[-1])
+                factor = postscale / contributors if contributors > 0 else postscale
+            # Half floats scale through float32, which rounds once.
+            wide = np.float32 if dtype.itemsize < 4 else None
+            offset = 0
+            for result, n in zip(results, sizes):
+                part = packed[offset:offset + n]
+                if factor == 1.0:
+                    np.copyto(result.reshape(-1), part)
+                elif wide is None:
+                    np.multiply(part, factor, out=result.reshape(-1), casting="unsafe")
+                else:
+                    np.multiply(part.astype(wide), factor, out=result.reshape(-1),
+                                casting="unsafe")
+                offset += n
         return results
+
+    def _pack_buffer(self, dtype, count):
+        buffer = self._packed.get(dtype)
+        if buffer is None or buffer.size < count:
+            buffer = self._packed[dtype] = np.empty(max(count, 1), dtype)
+        return buffer[:count]
 
     def bcast_(self, array, root=0, label=""):
         """Broadcasts a contiguous numpy array in place from `root`."""
