@@ -10,6 +10,7 @@ import threading
 import numpy as np
 
 from kdist.comm import protocol
+from kdist.comm import timeline
 from kdist.comm import watchdog
 
 Average = "average"
@@ -112,15 +113,16 @@ class Communicator:
     # -- collectives ---------------------------------------------------------------
 
     def _announce(self, kind, dtype=0, op=0, count=0, root=0, label=""):
-        protocol.announce(self._comm, kind, dtype, op, count, root,
-                          protocol.describe(kind, dtype, op, count, root, label))
+        what = protocol.describe(kind, dtype, op, count, root, label)
+        with timeline.span("negotiate", what):
+            protocol.announce(self._comm, kind, dtype, op, count, root, what)
 
     def barrier(self):
         if self._comm is None:
             return
         with self.lock:
             self._announce(protocol.BARRIER)
-            with watchdog.waiting("barrier"):
+            with watchdog.waiting("barrier"), timeline.span("barrier", "barrier"):
                 self._comm.Barrier()
 
     def allreduce_(self, array, op=Sum, label=""):
@@ -149,8 +151,8 @@ class Communicator:
         dtype = protocol.dtype_code(flat.dtype)
         with self.lock:
             self._announce(protocol.ALLREDUCE, dtype, op, flat.size, label=label)
-            with watchdog.waiting(protocol.describe(protocol.ALLREDUCE, dtype, op, flat.size,
-                                                    label=label)):
+            what = protocol.describe(protocol.ALLREDUCE, dtype, op, flat.size, label=label)
+            with watchdog.waiting(what), timeline.span("allreduce", what, flat.nbytes):
                 self._comm.Allreduce(_mpi().IN_PLACE,
                                      [flat, protocol.mpi_datatype(flat.dtype)],
                                      op=protocol.mpi_op(flat.dtype, op))
@@ -173,10 +175,11 @@ class Communicator:
         sizes = [a.size for a in arrays]
         packed = np.empty(sum(sizes) + (1 if average else 0), dtype=dtype)
         offset = 0
-        for a, n in zip(arrays, sizes):
-            np.multiply(a.reshape(-1), prescale, out=packed[offset:offset + n],
-                        casting="unsafe")
-            offset += n
+        with timeline.span("pack", label, packed.nbytes):
+            for a, n in zip(arrays, sizes):
+                np.multiply(a.reshape(-1), prescale, out=packed[offset:offset + n],
+                            casting="unsafe")
+                offset += n
         if average:
             packed[-1] = 1
         if self._comm is not None:
@@ -186,7 +189,8 @@ class Communicator:
             contributors = float(packed[-1])
             factor = postscale / contributors if contributors > 0 else postscale
         if factor != 1.0:
-            packed = (packed.astype(np.float64) * factor).astype(dtype)
+            with timeline.span("scale", label, packed.nbytes):
+                packed = (packed.astype(np.float64) * factor).astype(dtype)
         results, offset = [], 0
         for a, n in zip(arrays, sizes):
             results.append(packed[offset:offset + n].reshape(a.shape))
@@ -202,7 +206,8 @@ class Communicator:
         dtype = protocol.dtype_code(flat.dtype)
         with self.lock:
             self._announce(protocol.BROADCAST, dtype, 0, flat.size, root, label)
-            with watchdog.waiting(f"broadcast from rank {root}"):
+            with watchdog.waiting(f"broadcast from rank {root}"), \
+                    timeline.span("broadcast", label, flat.nbytes):
                 self._comm.Bcast([flat, protocol.mpi_datatype(flat.dtype)], root=root)
         return array
 
@@ -217,7 +222,8 @@ class Communicator:
         dtype = protocol.dtype_code(array.dtype)
         with self.lock:
             self._announce(protocol.ALLGATHER, dtype, 0, row_elements, label=label)
-            with watchdog.waiting("allgather"):
+            with watchdog.waiting("allgather"), \
+                    timeline.span("allgather", label, array.nbytes):
                 counts = np.empty(self.size, dtype=np.int64)
                 self._comm.Allgather(np.array([array.shape[0]], dtype=np.int64), counts)
                 out = np.empty((int(counts.sum()),) + array.shape[1:], dtype=array.dtype)
@@ -240,7 +246,7 @@ class Communicator:
         dtype = protocol.dtype_code(array.dtype)
         with self.lock:
             self._announce(protocol.ALLTOALL, dtype, 0, row_elements, label=label)
-            with watchdog.waiting("alltoall"):
+            with watchdog.waiting("alltoall"), timeline.span("alltoall", label, array.nbytes):
                 received = np.empty(self.size, dtype=np.int64)
                 self._comm.Alltoall(splits, received)
                 out = np.empty((int(received.sum()),) + array.shape[1:], dtype=array.dtype)
@@ -255,7 +261,8 @@ class Communicator:
             return [obj]
         with self.lock:
             self._announce(protocol.OBJECT_ALLGATHER)
-            with watchdog.waiting("allgather_object"):
+            with watchdog.waiting("allgather_object"), \
+                    timeline.span("allgather_object", type(obj).__name__):
                 return self._comm.allgather(obj)
 
     def bcast_object(self, obj, root=0):
@@ -264,7 +271,8 @@ class Communicator:
             return obj
         with self.lock:
             self._announce(protocol.OBJECT_BROADCAST, root=root)
-            with watchdog.waiting(f"broadcast_object from rank {root}"):
+            with watchdog.waiting(f"broadcast_object from rank {root}"), \
+                    timeline.span("broadcast_object", type(obj).__name__):
                 return self._comm.bcast(obj, root=root)
 
     def _check_root(self, root):
