@@ -53,6 +53,8 @@ from kdist.comm import (  # noqa: E402
     remove_process_set,
     shutdown,
     size,
+    start_timeline,
+    stop_timeline,
 )
 from kdist.comm.capabilities import (  # noqa: E402
     ccl_built,
@@ -99,7 +101,7 @@ __all__ = [
     "init", "is_homogeneous", "is_initialized", "join", "load_model", "local_rank", "local_size",
     "mpi_built", "mpi_enabled", "mpi_threads_supported", "nccl_built", "optimizers", "precision",
     "ps", "rank", "reducescatter", "remove_process_set", "rocm_built", "shutdown", "size",
-    "sparsity", "tune", "__version__",
+    "sparsity", "start_timeline", "stop_timeline", "tune", "__version__",
 ]
 
 from kdist import _registration  # noqa: E402

@@ -4,7 +4,8 @@ Processes (`init`, `rank`, `size`, local and cross ranks), sub-communicators
 and process sets, collectives on numpy arrays and TensorFlow tensors (eager,
 in graphs, under XLA) that all follow one wire protocol
 (`kdist.comm.protocol`), fused gradient reduction with compression, `join`
-for uneven data, and failure handling (`kdist.comm.watchdog`).
+for uneven data, failure handling (`kdist.comm.watchdog`), and a timeline of every collective
+(`kdist.comm.timeline`).
 """
 
 from kdist.comm.collectives import (
@@ -50,6 +51,7 @@ from kdist.comm.processes import (
 )
 from kdist.comm.protocol import CollectiveMismatch
 from kdist.comm.tensors import TensorReducer
+from kdist.comm.timeline import start_timeline, stop_timeline
 from kdist.comm.watchdog import abort
 
 __all__ = [
@@ -60,5 +62,5 @@ __all__ = [
     "global_process_set", "grouped_allreduce", "init", "is_initialized", "join", "launched_by_mpi",
     "local", "local_rank", "local_size", "mpi_built", "mpi_enabled", "mpi_threads_supported",
     "plan_buckets", "rank", "reducescatter", "remove_process_set", "shutdown", "size",
-    "TensorReducer", "world",
+    "start_timeline", "stop_timeline", "TensorReducer", "world",
 ]

@@ -10,6 +10,7 @@ import threading
 import numpy as np
 
 from kdist.comm import protocol
+from kdist.comm import timeline
 from kdist.comm import watchdog
 
 Average = "average"
@@ -113,15 +114,16 @@ class Communicator:
     # -- collectives ---------------------------------------------------------------
 
     def _announce(self, kind, dtype=0, op=0, count=0, root=0, label=""):
-        protocol.announce(self._comm, kind, dtype, op, count, root,
-                          protocol.describe(kind, dtype, op, count, root, label))
+        what = protocol.describe(kind, dtype, op, count, root, label)
+        with timeline.span("negotiate", what):
+            protocol.announce(self._comm, kind, dtype, op, count, root, what)
 
     def barrier(self):
         if self._comm is None:
             return
         with self.lock:
             self._announce(protocol.BARRIER)
-            with watchdog.waiting("barrier"):
+            with watchdog.waiting("barrier"), timeline.span("barrier", "barrier"):
                 self._comm.Barrier()
 
     def allreduce_(self, array, op=Sum, label=""):
@@ -150,8 +152,8 @@ class Communicator:
         dtype = protocol.dtype_code(flat.dtype)
         with self.lock:
             self._announce(protocol.ALLREDUCE, dtype, op, flat.size, label=label)
-            with watchdog.waiting(protocol.describe(protocol.ALLREDUCE, dtype, op, flat.size,
-                                                    label=label)):
+            what = protocol.describe(protocol.ALLREDUCE, dtype, op, flat.size, label=label)
+            with watchdog.waiting(what), timeline.span("allreduce", what, flat.nbytes):
                 self._comm.Allreduce(_mpi().IN_PLACE,
                                      [flat, protocol.mpi_datatype(flat.dtype)],
                                      op=protocol.mpi_op(flat.dtype, op))
@@ -179,13 +181,14 @@ class Communicator:
             # registers new memory again, several times the reduction itself.
             packed = self._pack_buffer(dtype, total)
             offset = 0
-            for a, n in zip(arrays, sizes):
-                if prescale == 1.0:
-                    np.copyto(packed[offset:offset + n], a.reshape(-1))
-                else:
-                    np.multiply(a.reshape(-1), prescale, out=packed[offset:offset + n],
-                                casting="unsafe")
-                offset += n
+            with timeline.span("pack", label, packed.nbytes):
+                for a, n in zip(arrays, sizes):
+                    if prescale == 1.0:
+                        np.copyto(packed[offset:offset + n], a.reshape(-1))
+                    else:
+                        np.multiply(a.reshape(-1), prescale, out=packed[offset:offset + n],
+                                    casting="unsafe")
+                    offset += n
             if average:
                 packed[-1] = 1
             if self._comm is not None:
@@ -197,16 +200,17 @@ class Communicator:
             # Half floats scale through float32, which rounds once.
             wide = np.float32 if dtype.itemsize < 4 else None
             offset = 0
-            for result, n in zip(results, sizes):
-                part = packed[offset:offset + n]
-                if factor == 1.0:
-                    np.copyto(result.reshape(-1), part)
-                elif wide is None:
-                    np.multiply(part, factor, out=result.reshape(-1), casting="unsafe")
-                else:
-                    np.multiply(part.astype(wide), factor, out=result.reshape(-1),
-                                casting="unsafe")
-                offset += n
+            with timeline.span("unpack", label, packed.nbytes):
+                for result, n in zip(results, sizes):
+                    part = packed[offset:offset + n]
+                    if factor == 1.0:
+                        np.copyto(result.reshape(-1), part)
+                    elif wide is None:
+                        np.multiply(part, factor, out=result.reshape(-1), casting="unsafe")
+                    else:
+                        np.multiply(part.astype(wide), factor, out=result.reshape(-1),
+                                    casting="unsafe")
+                    offset += n
         return results
 
     def _pack_buffer(self, dtype, count):
@@ -224,7 +228,8 @@ class Communicator:
         dtype = protocol.dtype_code(flat.dtype)
         with self.lock:
             self._announce(protocol.BROADCAST, dtype, 0, flat.size, root, label)
-            with watchdog.waiting(f"broadcast from rank {root}"):
+            with watchdog.waiting(f"broadcast from rank {root}"), \
+                    timeline.span("broadcast", label, flat.nbytes):
                 self._comm.Bcast([flat, protocol.mpi_datatype(flat.dtype)], root=root)
         return array
 
@@ -239,7 +244,8 @@ class Communicator:
         dtype = protocol.dtype_code(array.dtype)
         with self.lock:
             self._announce(protocol.ALLGATHER, dtype, 0, row_elements, label=label)
-            with watchdog.waiting("allgather"):
+            with watchdog.waiting("allgather"), \
+                    timeline.span("allgather", label, array.nbytes):
                 counts = np.empty(self.size, dtype=np.int64)
                 self._comm.Allgather(np.array([array.shape[0]], dtype=np.int64), counts)
                 out = np.empty((int(counts.sum()),) + array.shape[1:], dtype=array.dtype)
@@ -262,7 +268,7 @@ class Communicator:
         dtype = protocol.dtype_code(array.dtype)
         with self.lock:
             self._announce(protocol.ALLTOALL, dtype, 0, row_elements, label=label)
-            with watchdog.waiting("alltoall"):
+            with watchdog.waiting("alltoall"), timeline.span("alltoall", label, array.nbytes):
                 received = np.empty(self.size, dtype=np.int64)
                 self._comm.Alltoall(splits, received)
                 out = np.empty((int(received.sum()),) + array.shape[1:], dtype=array.dtype)
@@ -277,7 +283,8 @@ class Communicator:
             return [obj]
         with self.lock:
             self._announce(protocol.OBJECT_ALLGATHER)
-            with watchdog.waiting("allgather_object"):
+            with watchdog.waiting("allgather_object"), \
+                    timeline.span("allgather_object", type(obj).__name__):
                 return self._comm.allgather(obj)
 
     def bcast_object(self, obj, root=0):
@@ -286,7 +293,8 @@ class Communicator:
             return obj
         with self.lock:
             self._announce(protocol.OBJECT_BROADCAST, root=root)
-            with watchdog.waiting(f"broadcast_object from rank {root}"):
+            with watchdog.waiting(f"broadcast_object from rank {root}"), \
+                    timeline.span("broadcast_object", type(obj).__name__):
                 return self._comm.bcast(obj, root=root)
 
     def _check_root(self, root):

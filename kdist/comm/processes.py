@@ -159,6 +159,9 @@ def init(comm=None, process_sets=None):
     devices.configure(local)
     if process_sets:
         _register(process_sets)
+    from kdist.comm import timeline
+
+    timeline.start_from_environment()
     if world.size > 1:
         logger.debug("kdist started: rank %d of %d (local %d of %d)",
                      world.rank, world.size, local.rank, local.size)

@@ -43,6 +43,7 @@ _ops_library = None
 _xla_loaded = False
 _xla_failure = None
 _wait_reader = None
+_timeline_mode = 0
 
 
 def _mpicxx():
@@ -138,6 +139,8 @@ def load():
                 raise RuntimeError(f"the ops were built for {built_for.splitlines()[0]!r} but "
                                    f"mpi4py uses {MPI.Get_library_version().splitlines()[0]!r}")
             _ops, _ops_library = module, library
+            if _timeline_mode:
+                _timeline_function("kdist_timeline_record")(_timeline_mode)
         except Exception as error:  # any failure here only costs speed
             _ops_failure = str(error)
             logger.warning("kdist's C++ collectives are not available (%s); using py-function "
@@ -199,3 +202,41 @@ def current_wait():
         return None
     seconds = time.clock_gettime_ns(time.CLOCK_MONOTONIC) - since
     return text.value.decode(errors="replace"), seconds / 1e9
+
+
+def _timeline_function(name):
+    function = getattr(ctypes.CDLL(_ops_library), name)
+    if name == "kdist_timeline_record":
+        function.restype, function.argtypes = None, [ctypes.c_int64]
+    else:
+        function.restype, function.argtypes = ctypes.c_int64, [ctypes.c_char_p, ctypes.c_int64]
+    return function
+
+
+def set_timeline_mode(mode):
+    """0: the C++ collectives record nothing; 1: they record their phases; 2: and cycles.
+
+    Applies now if the ops are loaded, and when they load otherwise.
+    """
+    global _timeline_mode
+    _timeline_mode = int(mode)
+    if _ops_library is not None:
+        _timeline_function("kdist_timeline_record")(_timeline_mode)
+
+
+def take_timeline_lines():
+    """The phases the C++ collectives recorded since the last call, as text lines."""
+    if _ops_library is None:
+        return ""
+    take = _timeline_function("kdist_timeline_take")
+    chunks = []
+    while True:
+        waiting = take(None, 0)
+        if waiting <= 0:
+            break
+        buffer = ctypes.create_string_buffer(waiting)
+        moved = take(buffer, waiting)
+        chunks.append(buffer.raw[:moved].decode(errors="replace"))
+        if moved == 0:
+            break
+    return "".join(chunks)

@@ -36,6 +36,15 @@ std::mutex g_wait_mutex;
 std::atomic<int64_t> g_wait_since{0};
 std::string g_wait_what;
 
+// The timeline: while it records, each phase of each collective appends one
+// line "phase<TAB>start_ns<TAB>end_ns<TAB>bytes<TAB>what" (wall-clock time,
+// comparable across ranks). 0 = off, 1 = on, 2 = on and marking each fused
+// reduction as the start of a cycle.
+std::atomic<int> g_timeline_mode{0};
+std::mutex g_timeline_mutex;
+std::string g_timeline_lines;
+constexpr size_t kTimelineLimit = size_t{256} << 20;
+
 int64_t NowNanoseconds() {
   timespec now;
   clock_gettime(CLOCK_MONOTONIC, &now);
@@ -47,6 +56,46 @@ int64_t EnvMicroseconds(const char* name, int64_t fallback) {
   if (value == nullptr || *value == '\0') return fallback;
   return std::max<int64_t>(0, std::atoll(value));
 }
+
+int64_t WallNanoseconds() {
+  timespec now;
+  clock_gettime(CLOCK_REALTIME, &now);
+  return static_cast<int64_t>(now.tv_sec) * 1000000000LL + now.tv_nsec;
+}
+
+void AppendTimelineLine(const char* phase, int64_t start, int64_t end, int64_t bytes,
+                        const std::string& what) {
+  std::string line = std::string(phase) + '\t' + std::to_string(start) + '\t' +
+                     std::to_string(end) + '\t' + std::to_string(bytes) + '\t';
+  for (char c : what) line += (c == '\t' || c == '\n') ? ' ' : c;
+  line += '\n';
+  std::lock_guard<std::mutex> lock(g_timeline_mutex);
+  // Bounded, so that a forgotten timeline cannot fill the memory of a long run.
+  if (g_timeline_lines.size() + line.size() <= kTimelineLimit) g_timeline_lines += line;
+}
+
+// Records one phase of a collective on the timeline, when it records.
+class Span {
+ public:
+  Span(const char* phase, const std::string& what, int64_t bytes)
+      : on_(g_timeline_mode.load(std::memory_order_relaxed) != 0) {
+    if (!on_) return;
+    phase_ = phase;
+    what_ = &what;
+    bytes_ = bytes;
+    start_ = WallNanoseconds();
+  }
+  ~Span() {
+    if (on_) AppendTimelineLine(phase_, start_, WallNanoseconds(), bytes_, *what_);
+  }
+
+ private:
+  bool on_;
+  const char* phase_ = nullptr;
+  const std::string* what_ = nullptr;
+  int64_t bytes_ = 0;
+  int64_t start_ = 0;
+};
 
 class WaitScope {
  public:
@@ -287,6 +336,7 @@ Status AllreduceLocked(MPI_Comm comm, const void* send, void* recv, int64_t coun
   status = Announce(comm, kAllreduce, dtype, op, count, 0, description);
   if (!status.ok) return status;
   WaitScope waiting(description + ", moving data");
+  Span span("allreduce", description, count * ElementSize(dtype));
   const void* source = send == recv ? MPI_IN_PLACE : send;
   return Check(MPI_Allreduce(source, recv, static_cast<int>(count), MpiType(dtype),
                              MpiOp(dtype, op), comm),
@@ -347,6 +397,7 @@ Status Announce(MPI_Comm comm, int64_t kind, int64_t dtype, int64_t op, int64_t 
     send[i] = header[i];
     send[kHeaderSize + i] = -header[i];
   }
+  Span span("negotiate", what, 0);
   MPI_Request request;
   int rc = MPI_Iallreduce(send, recv, 2 * kHeaderSize, MPI_INT64_T, MPI_MAX, comm, &request);
   if (rc == MPI_SUCCESS) {
@@ -385,15 +436,22 @@ Status FusedAllreduce(MPI_Comm comm, int n, const void* const* in, void* const* 
     if (!direct[i]) packed += counts[i];
   }
   const int64_t extra = average ? 1 : 0;
+  if (g_timeline_mode.load(std::memory_order_relaxed) == 2) {
+    const int64_t now = WallNanoseconds();
+    AppendTimelineLine("cycle", now, now, 0, what);
+  }
   std::vector<char>& buffer = PackBuffer();
   if (static_cast<int64_t>(buffer.size()) < (packed + extra) * element) {
     buffer.resize((packed + extra) * element);
   }
   char* at = buffer.data();
-  for (int i = 0; i < n; ++i) {
-    if (direct[i]) continue;
-    ScaleElements(dtype, in[i], at, counts[i], prescale);
-    at += counts[i] * element;
+  {
+    Span span("pack", what, packed * element);
+    for (int i = 0; i < n; ++i) {
+      if (direct[i]) continue;
+      ScaleElements(dtype, in[i], at, counts[i], prescale);
+      at += counts[i] * element;
+    }
   }
   if (average) SetOne(dtype, at);
   double factor = postscale;
@@ -408,10 +466,13 @@ Status FusedAllreduce(MPI_Comm comm, int n, const void* const* in, void* const* 
     }
   }
   at = buffer.data();
-  for (int i = 0; i < n; ++i) {
-    if (direct[i]) continue;
-    ScaleElements(dtype, at, out[i], counts[i], factor);
-    at += counts[i] * element;
+  {
+    Span span("unpack", what, packed * element);
+    for (int i = 0; i < n; ++i) {
+      if (direct[i]) continue;
+      ScaleElements(dtype, at, out[i], counts[i], factor);
+      at += counts[i] * element;
+    }
   }
   for (int i = 0; i < n; ++i) {
     if (!direct[i]) continue;
@@ -423,7 +484,10 @@ Status FusedAllreduce(MPI_Comm comm, int n, const void* const* in, void* const* 
     Status status = AllreduceLocked(comm, source, out[i], counts[i], dtype, op,
                                     what + ", tensor " + std::to_string(i));
     if (!status.ok) return status;
-    if (factor != 1.0) ScaleElements(dtype, out[i], out[i], counts[i], factor);
+    if (factor != 1.0) {
+      Span span("scale", what, counts[i] * element);
+      ScaleElements(dtype, out[i], out[i], counts[i], factor);
+    }
   }
   return Status();
 }
@@ -457,6 +521,7 @@ Status Allgather(MPI_Comm comm, const void* send, int64_t rows, int64_t row_elem
   Status status = Announce(comm, kAllgather, dtype, 0, row_elements, 0, description);
   if (!status.ok) return status;
   WaitScope waiting(description + ", moving data");
+  Span span("allgather", description, rows * row_elements * ElementSize(dtype));
   const int size = CommSize(comm);
   std::vector<int64_t> counts(size);
   status = AllgatherCounts(comm, rows, counts.data());
@@ -479,6 +544,7 @@ Status Broadcast(MPI_Comm comm, void* buffer, int64_t count, int64_t dtype, int 
   status = Announce(comm, kBroadcast, dtype, 0, count, root, description);
   if (!status.ok) return status;
   WaitScope waiting(description + ", moving data");
+  Span span("broadcast", description, count * ElementSize(dtype));
   return Check(MPI_Bcast(buffer, static_cast<int>(count), MpiType(dtype), root, comm),
                "MPI_Bcast", description);
 }
@@ -493,4 +559,24 @@ extern "C" int64_t kdist_native_wait(char* what, int64_t length) {
   std::memcpy(what, kdist::g_wait_what.data(), n);
   what[n] = '\0';
   return since;
+}
+
+extern "C" void kdist_timeline_record(int64_t mode) {
+  kdist::g_timeline_mode.store(static_cast<int>(mode));
+}
+
+// With no buffer: how many bytes of lines wait. Otherwise moves whole lines,
+// at most `length` bytes, into `buffer`; returns how many bytes it moved.
+extern "C" int64_t kdist_timeline_take(char* buffer, int64_t length) {
+  std::lock_guard<std::mutex> lock(kdist::g_timeline_mutex);
+  std::string& lines = kdist::g_timeline_lines;
+  if (buffer == nullptr) return static_cast<int64_t>(lines.size());
+  size_t n = std::min<size_t>(static_cast<size_t>(std::max<int64_t>(length, 0)), lines.size());
+  if (n < lines.size()) {
+    const size_t end = lines.rfind('\n', n == 0 ? 0 : n - 1);
+    n = end == std::string::npos ? 0 : end + 1;
+  }
+  std::memcpy(buffer, lines.data(), n);
+  lines.erase(0, n);
+  return static_cast<int64_t>(n);
 }

@@ -98,6 +98,8 @@ extern "C" {
 // `what` (at most `length` bytes, NUL-terminated) and returns since when it
 // has waited (CLOCK_MONOTONIC nanoseconds), or 0 when it is not waiting.
 int64_t kdist_native_wait(char* what, int64_t length);
+void kdist_timeline_record(int64_t mode);
+int64_t kdist_timeline_take(char* buffer, int64_t length);
 }
 
 #endif  // KDIST_ENGINE_H_
