@@ -1,7 +1,8 @@
 """Median regret of hyper-parameter search methods on standard test functions.
 
     python benchmarks/hpo.py [--seeds 10] [--problems branin,hartmann6,ackley10]
-                             [--methods kdist_bayesian,kdist_genetic,kt_random,kt_bayesian,optuna_tpe]
+                             [--methods kdist_bayesian,kdist_genetic,kt_random,
+                              kt_bayesian,optuna_tpe]
                              [--trials-scale 1.0] [--all]
 
 Each method minimises each function with its budget (Branin and Hartmann-6: 30

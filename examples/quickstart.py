@@ -9,7 +9,6 @@ the ranks stay identical. Only rank 0 prints progress.
 """
 
 import argparse
-import os
 
 import keras
 import numpy as np

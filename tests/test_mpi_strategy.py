@@ -1,4 +1,5 @@
-"""MPIStrategy: a MirroredStrategy script under mpiexec trains as one process on the global batch."""
+"""MPIStrategy: a MirroredStrategy script under mpiexec trains as one process on the
+global batch."""
 
 import numpy as np
 import pytest
