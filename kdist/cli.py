@@ -102,6 +102,12 @@ def _run(args, verb="run"):
     env.setdefault("PYTHONUNBUFFERED", "1")
     if args.verbose:
         print(f"kdist {verb}:", " ".join(argv), file=sys.stderr)
+    cores = os.cpu_count() or 1
+    elsewhere = any(flag in args.mpi_args for flag in ("-host", "--host", "hostfile", "-H "))
+    if args.n > cores and not elsewhere:
+        print(f"kdist {verb}: {args.n} ranks on {cores} core(s): ranks share cores, so each "
+              "step takes about ranks/cores times longer (`kdist run -n N -- python -m "
+              "kdist.cli info` shows how the ranks sit).", file=sys.stderr)
     return subprocess.call(argv, env=env)
 
 
@@ -149,6 +155,7 @@ def collect_info():
         "host": platform.node(),
         "cores_on_node": devices.cores_on_node(),
         "cores_allowed": len(devices.allowed_cores()),
+        "core_set": devices.allowed_cores(),
         "intra_op_threads": tf.config.threading.get_intra_op_parallelism_threads() or "default",
         "inter_op_threads": tf.config.threading.get_inter_op_parallelism_threads() or "default",
         "devices": [d.name for d in tf.config.list_logical_devices()],
@@ -194,7 +201,51 @@ def _info(args):
               f"cores allowed, intra-op threads "
               f"{each['intra_op_threads']}, inter-op {each['inter_op_threads']}, devices "
               f"{', '.join(each['devices'])}")
+    for line in placement_advice(everyone):
+        print(f"note: {line}")
     return 0
+
+
+def placement_advice(everyone):
+    """What is worth knowing about how the ranks sit on their cores, one line each.
+
+    `everyone` is the list of `collect_info()` dicts of all ranks.
+    """
+    advice = []
+    hosts = {}
+    for each in everyone:
+        hosts.setdefault(each["host"], []).append(each)
+    for host, ranks in sorted(hosts.items()):
+        cores = ranks[0]["cores_on_node"]
+        if len(ranks) > cores:
+            advice.append(
+                f"{len(ranks)} ranks share the {cores} core(s) of {host}: each step takes "
+                "about ranks/cores times longer than with a core per rank; kdist's waits "
+                "yield the core, but use at most one rank per core for speed.")
+        if len(ranks) < 2:
+            continue
+        sets = [frozenset(each.get("core_set") or ()) for each in ranks]
+        if all(len(cs) == cores for cs in sets):
+            advice.append(
+                f"the {len(ranks)} ranks on {host} are not bound to cores (each may run "
+                "anywhere): the scheduler may move them, and step times vary more. Bind "
+                "them with --mpi-args \"--bind-to core\" to compare.")
+        elif any(a & b for i, a in enumerate(sets) for b in sets[i + 1:]):
+            advice.append(f"ranks on {host} are bound to overlapping cores, so they compete "
+                          "for them.")
+        for each in ranks:
+            threads = each["intra_op_threads"]
+            allowed = each["cores_allowed"]
+            if isinstance(threads, int) and threads * len(ranks) > cores:
+                advice.append(
+                    f"rank {each['rank']} runs {threads} intra-op thread(s) while "
+                    f"{len(ranks)} ranks share {cores} core(s): set OMP_NUM_THREADS or "
+                    "TF_NUM_INTRAOP_THREADS to cores / ranks.")
+            elif threads == "default" and allowed * len(ranks) > cores:
+                advice.append(
+                    f"rank {each['rank']} lets TensorFlow use a thread per core it may run "
+                    f"on ({allowed}) while {len(ranks)} ranks share {cores} core(s).")
+    return advice
 
 
 def _add_launch_arguments(parser, what):

@@ -76,3 +76,35 @@ def test_run_explains_a_missing_script():
     assert done.returncode != 0 and "no such script" in done.stderr
     done = kdist_cli("run", "-n", "2")
     assert done.returncode != 0 and "give a script" in done.stderr
+
+
+def _rank(rank, host="a", cores=2, core_set=(0, 1), threads=1):
+    return {"rank": rank, "host": host, "cores_on_node": cores, "core_set": list(core_set),
+            "cores_allowed": len(core_set), "intra_op_threads": threads}
+
+
+def test_info_says_when_ranks_share_cores_or_are_unbound():
+    from kdist.cli import placement_advice
+
+    bound = [_rank(0, core_set=[0]), _rank(1, core_set=[1])]
+    assert placement_advice(bound) == []
+    unbound = [_rank(0), _rank(1)]
+    assert any("not bound to cores" in line for line in placement_advice(unbound))
+    crowded = [_rank(r, core_set=[r % 2]) for r in range(4)]
+    advice = placement_advice(crowded)
+    assert any("4 ranks share the 2 core(s) of a" in line for line in advice)
+    assert any("overlapping cores" in line for line in advice)
+    threaded = [_rank(0, core_set=[0], threads=2), _rank(1, core_set=[1], threads=2)]
+    assert any("rank 0 runs 2 intra-op thread(s)" in line
+               for line in placement_advice(threaded))
+    # Two hosts of two cores each, a rank per core: nothing to say.
+    spread = [_rank(0, "a", core_set=[0]), _rank(1, "a", core_set=[1]),
+              _rank(2, "b", core_set=[0]), _rank(3, "b", core_set=[1])]
+    assert placement_advice(spread) == []
+
+
+def test_run_warns_when_ranks_outnumber_cores(mpiexec_path):
+    n = (os.cpu_count() or 1) + 1
+    done = kdist_cli("run", "-n", str(n), "--", sys.executable, "-c", "pass")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"{n} ranks on {os.cpu_count()} core(s): ranks share cores" in done.stderr
