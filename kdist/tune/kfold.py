@@ -98,9 +98,9 @@ class KFoldTuner(kt.Tuner):
     ...         hp.Int("units", 4, 16, step=4), activation="relu"), keras.layers.Dense(1)])
     ...     model.compile("adam", "mse")
     ...     return model
-    >>> oracle = kdist.tune.GeneticOracle(objective="val_loss", max_trials=4,
+    >>> oracle = kdist.tune.GeneticOracle(objective="val_loss", max_trials=2,
     ...                                   population_size=2, seed=0)
-    >>> tuner = kdist.tune.KFoldTuner(build, oracle=oracle, folds=3, directory=workdir,
+    >>> tuner = kdist.tune.KFoldTuner(build, oracle=oracle, folds=2, directory=workdir,
     ...                               project_name="doc")
     >>> x = np.random.default_rng(0).normal(size=(60, 4)); y = x.sum(axis=1)
     >>> tuner.search(x, y, epochs=1, verbose=0)
