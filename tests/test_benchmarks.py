@@ -25,6 +25,16 @@ def test_allreduce_fusion_benchmark_prints_ratios(mpirun):
                                            "kdist_in_graph_py_function"}
 
 
+def test_step_overhead_benchmark_splits_the_reduction_into_its_phases(mpirun):
+    job = mpirun(os.path.join(ROOT, "benchmarks", "step_overhead.py"), n=2,
+                 args=["--steps", 60])
+    result = _json_from(job.output)
+    phases = result["phase_ms_per_step"]
+    assert {"negotiate", "pack", "allreduce"} <= set(phases)
+    assert result["collective_ms_per_step"] == pytest.approx(sum(phases.values()), abs=1e-3)
+    assert result["raw_allreduce_ms"] > 0 and result["step_ms"] > 0
+
+
 def test_weak_scaling_benchmark_compares_all_cases_in_one_run(mpiexec_path):
     done = subprocess.run(
         [sys.executable, os.path.join(ROOT, "benchmarks", "weak_scaling.py"), "--rounds", "1",
