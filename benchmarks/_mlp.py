@@ -3,14 +3,15 @@
 import numpy as np
 
 
-def build_mlp():
+def build_mlp(width=512):
+    """784-width-width-10: 670k parameters at the default width, 10.2M at 2816."""
     import keras
 
     keras.utils.set_random_seed(0)
     return keras.Sequential([
         keras.Input((784,)),
-        keras.layers.Dense(512, activation="relu"),
-        keras.layers.Dense(512, activation="relu"),
+        keras.layers.Dense(width, activation="relu"),
+        keras.layers.Dense(width, activation="relu"),
         keras.layers.Dense(10),
     ])
 

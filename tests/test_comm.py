@@ -130,6 +130,9 @@ def test_collectives_on_real_ranks(mpirun, n):
             assert f"rank {r2}: allreduce (sum) of {3 + r2 + 1} float32 values" in \
                 got["allreduce_error"]
         assert np.allclose(got["prescaled"], np.sum(values, axis=0))
+        # Large tensors: average, max, average with pre/post-scale, float16, float64.
+        assert max(got["large_errors"][:3] + got["large_errors"][4:]) < 1e-5
+        assert got["large_errors"][3] < 5e-3  # float16
         assert got["grouped"] == [[float(sum(ranks))], [[1.0 * n, 2.0 * n]], [sum(ranks)]]
         rows = 2 * n + 1
         reduced = np.arange(rows) * sum(r2 + 1 for r2 in ranks)

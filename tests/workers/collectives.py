@@ -55,6 +55,26 @@ try:
 except Exception as error:  # noqa: BLE001  (raised from inside a TensorFlow op)
     out["allreduce_error"] = str(error)
 
+# Tensors large enough to travel alone (the C++ op's direct path, where
+# averaging and pre/post-scaling ride on the reduction itself).
+large = np.linspace(-1.0, 1.0, 100_000) * (r + 1)
+
+
+@tf.function
+def large_collectives(t):
+    return (kdist.allreduce(t), kdist.allreduce(t, op=kdist.Max),
+            kdist.allreduce(t, op=kdist.Average, prescale_factor=0.5, postscale_factor=3.0),
+            kdist.allreduce(tf.cast(t, tf.float16)), kdist.allreduce(tf.cast(t, tf.float64)))
+
+
+large_results = large_collectives(tf.constant(large, tf.float32))
+base = np.linspace(-1.0, 1.0, 100_000)
+mean_scale = np.mean([k + 1.0 for k in range(n)])
+expected = [base * mean_scale, np.where(base < 0, base, base * n), 1.5 * base * mean_scale,
+            base * mean_scale, base * mean_scale]
+out["large_errors"] = [float(np.max(np.abs(x.numpy().astype(np.float64) - e)))
+                       for x, e in zip(large_results, expected)]
+
 # Horovod's other collectives.
 out["prescaled"] = kdist.allreduce(value, op=kdist.Sum, prescale_factor=2.0,
                                    postscale_factor=0.5).tolist()

@@ -173,6 +173,29 @@ MPI_Op HalfOp(int64_t op) {
   return ops[op];
 }
 
+// The sum of two contributions, already scaled: with two ranks every element is
+// combined exactly once, whatever algorithm MPI picks, so averaging can ride on
+// that one combination instead of a separate pass over the result. The factor
+// is set under g_collective_mutex just before the reduction that uses it.
+double g_scaled_sum_factor = 1.0;
+
+template <typename T>
+void ScaledSum(void* in, void* inout, int* length, MPI_Datatype*) {
+  const T* a = static_cast<const T*>(in);
+  T* b = static_cast<T*>(inout);
+  const T by = static_cast<T>(g_scaled_sum_factor);
+  for (int i = 0; i < *length; ++i) b[i] = (a[i] + b[i]) * by;
+}
+
+MPI_Op ScaledSumOp(int64_t dtype) {
+  static MPI_Op ops[2] = {MPI_OP_NULL, MPI_OP_NULL};
+  const int which = dtype == kFloat64 ? 1 : 0;
+  if (ops[which] == MPI_OP_NULL) {
+    MPI_Op_create(which ? &ScaledSum<double> : &ScaledSum<float>, /*commute=*/1, &ops[which]);
+  }
+  return ops[which];
+}
+
 MPI_Datatype MpiType(int64_t dtype) {
   switch (dtype) {
     case kFloat32: return MPI_FLOAT;
@@ -257,8 +280,10 @@ struct Elements {
       if (src != dst) std::memcpy(dst, src, count * sizeof(T));
       return;
     }
+    // In float: a loop the compiler vectorises, and as exact as the result type.
+    const float by = static_cast<float>(factor);
     for (int64_t i = 0; i < count; ++i) {
-      dst[i] = static_cast<T>(static_cast<double>(static_cast<float>(src[i])) * factor);
+      dst[i] = static_cast<T>(static_cast<float>(src[i]) * by);
     }
   }
   static void SetOne(void* at) { *static_cast<T*>(at) = static_cast<T>(1.0f); }
@@ -326,9 +351,12 @@ std::string Describe(const char* kind, int64_t count, int64_t dtype, const std::
          " values" + (what.empty() ? "" : " (" + what + ")");
 }
 
-// The payload of one announced allreduce; the caller holds the mutex.
+// The payload of one announced allreduce; the caller holds the mutex. With
+// `scaled_sum` (a sum of two ranks' float32 or float64 values) the result is
+// multiplied by g_scaled_sum_factor as it is combined.
 Status AllreduceLocked(MPI_Comm comm, const void* send, void* recv, int64_t count,
-                       int64_t dtype, int64_t op, const std::string& what) {
+                       int64_t dtype, int64_t op, const std::string& what,
+                       bool scaled_sum = false) {
   Status status = CheckCount(count, what);
   if (!status.ok) return status;
   const std::string description =
@@ -338,8 +366,9 @@ Status AllreduceLocked(MPI_Comm comm, const void* send, void* recv, int64_t coun
   WaitScope waiting(description + ", moving data");
   Span span("allreduce", description, count * ElementSize(dtype));
   const void* source = send == recv ? MPI_IN_PLACE : send;
-  return Check(MPI_Allreduce(source, recv, static_cast<int>(count), MpiType(dtype),
-                             MpiOp(dtype, op), comm),
+  const MPI_Op mpi_op = scaled_sum ? ScaledSumOp(dtype) : MpiOp(dtype, op);
+  return Check(MPI_Allreduce(source, recv, static_cast<int>(count), MpiType(dtype), mpi_op,
+                             comm),
                "MPI_Allreduce", description);
 }
 
@@ -474,19 +503,29 @@ Status FusedAllreduce(MPI_Comm comm, int n, const void* const* in, void* const* 
       at += counts[i] * element;
     }
   }
+  // Large tensors travel alone. A sum's scaling needs no pass of its own: with
+  // two ranks it rides on the combination, otherwise it joins the prescale (a
+  // sum of scaled values is the scaled sum). Other reductions scale after.
+  const bool sum = op == kSum && IsFloating(dtype);
+  const bool combine_scaled = sum && CommSize(comm) == 2 &&
+                              (dtype == kFloat32 || dtype == kFloat64) && prescale * factor != 1.0;
+  const double before = combine_scaled ? 1.0 : (sum ? prescale * factor : prescale);
+  const double after = sum ? 1.0 : factor;
+  if (combine_scaled) g_scaled_sum_factor = prescale * factor;
   for (int i = 0; i < n; ++i) {
     if (!direct[i]) continue;
     const void* source = in[i];
-    if (prescale != 1.0) {
-      ScaleElements(dtype, in[i], out[i], counts[i], prescale);
+    if (before != 1.0) {
+      Span span("scale", what, counts[i] * element);
+      ScaleElements(dtype, in[i], out[i], counts[i], before);
       source = out[i];
     }
     Status status = AllreduceLocked(comm, source, out[i], counts[i], dtype, op,
-                                    what + ", tensor " + std::to_string(i));
+                                    what + ", tensor " + std::to_string(i), combine_scaled);
     if (!status.ok) return status;
-    if (factor != 1.0) {
+    if (after != 1.0) {
       Span span("scale", what, counts[i] * element);
-      ScaleElements(dtype, out[i], out[i], counts[i], factor);
+      ScaleElements(dtype, out[i], out[i], counts[i], after);
     }
   }
   return Status();
