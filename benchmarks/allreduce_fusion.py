@@ -10,7 +10,8 @@ Measures, on the 784-512-512-10 MLP's gradient set (6 tensors, 2.7 MB):
   (kdist's C++ allreduce op), less the cost of calling a `tf.function` that only passes
   the same gradients through;
 - `kdist_in_graph_py_function`: the same through the py-function op (the fallback).
-Prints one JSON object on rank 0, with each time's ratio to the raw allreduce.
+The cases take turns call by call; prints one JSON object on rank 0: each case's
+median ms per call, and the median of its ratio to the raw allreduce next to it.
 """
 
 import json
@@ -35,18 +36,25 @@ from kdist.comm.tensors import TensorReducer  # noqa: E402
 REPEATS = int(os.environ.get("REPEATS", "300"))
 
 
-def timed(fn, repeats=REPEATS):
-    for _ in range(20):
-        fn()
-    samples = []
+def interleaved(cases, repeats=REPEATS):
+    """ms per call of each case, {name: array}; the cases take turns, call by call.
+
+    The speed between the two cores changes within a launch (see
+    benchmarks/core_placement.py), so every case is timed next to the others:
+    neighbouring calls see the same machine.
+    """
     comm = MPI.COMM_WORLD
+    for _ in range(20):
+        for fn in cases.values():
+            fn()
+    samples = {name: [] for name in cases}
     for _ in range(repeats):
-        comm.Barrier()
-        start = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - start)
-    # Rank 0's median after a barrier each time: the collective's own cost.
-    return float(np.median(samples)) * 1e3
+        for name, fn in cases.items():
+            comm.Barrier()
+            start = time.perf_counter()
+            fn()
+            samples[name].append((time.perf_counter() - start) * 1e3)
+    return {name: np.array(times) for name, times in samples.items()}
 
 
 def main():
@@ -90,17 +98,15 @@ def main():
     fused_graph_py = lambda: [g.numpy() for g in in_graph_py_function(grads_tf)]  # noqa: E731
     call_only = lambda: [g.numpy() for g in pass_through(grads_tf)]  # noqa: E731
 
-    # Interleave them so that machine noise hits them alike.
     cases = {"raw_mpi4py": raw, "kdist_numpy": fused_numpy, "graph_call": call_only,
              "graph_allreduce": fused_graph, "graph_allreduce_py": fused_graph_py}
-    results = {name: [] for name in cases}
-    for _ in range(5):
-        for name, fn in cases.items():
-            results[name].append(timed(fn))
-    best = {k: min(v) for k, v in results.items()}
-    ms = {"raw_mpi4py": best["raw_mpi4py"], "kdist_numpy": best["kdist_numpy"],
-          "kdist_in_graph": best["graph_allreduce"] - best["graph_call"],
-          "kdist_in_graph_py_function": best["graph_allreduce_py"] - best["graph_call"]}
+    times = interleaved(cases)
+    per_call = {"raw_mpi4py": times["raw_mpi4py"], "kdist_numpy": times["kdist_numpy"],
+                "kdist_in_graph": times["graph_allreduce"] - times["graph_call"],
+                "kdist_in_graph_py_function": times["graph_allreduce_py"] - times["graph_call"]}
+    ms = {k: float(np.median(v)) for k, v in per_call.items()}
+    # Each call's ratio to the raw allreduce next to it, then the median.
+    ratios = {k: float(np.median(v / per_call["raw_mpi4py"])) for k, v in per_call.items()}
     if kdist.rank() == 0:
         print(json.dumps({
             "benchmark": "allreduce_fusion",
@@ -108,7 +114,7 @@ def main():
             "gradient_tensors": len(grads_np),
             "megabytes": round(nbytes / 1e6, 3),
             "ms": {k: round(v, 4) for k, v in ms.items()},
-            "ratio_to_raw": {k: round(v / ms["raw_mpi4py"], 3) for k, v in ms.items()},
+            "ratio_to_raw": {k: round(v, 3) for k, v in ratios.items()},
             "target_ratio": 1.15,
         }, indent=2))
 

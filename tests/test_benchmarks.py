@@ -168,3 +168,16 @@ def test_hpo_benchmark_reports_median_regrets():
     assert "kdist_bayesian" not in result["problems"]["ackley10"]["regrets"]  # skipped: slow
     assert result["targets"]["kdist_bayesian_hartmann6_le_0.10"] is None
     assert isinstance(result["targets"]["kdist_genetic_ackley10_le_half_random"], bool)
+
+
+def test_core_placement_benchmark_samples_both_series(mpiexec_path):
+    done = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "benchmarks", "core_placement.py"), "--seconds",
+         "0.5"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = _json_from(done.stdout)
+    allreduce = result["allreduce_ms"]
+    assert allreduce["windows"] >= 1 and 0 < allreduce["p10_ms"] <= allreduce["p90_ms"]
+    trips = result["cache_line_round_trip_ns"]
+    if isinstance(trips, dict):  # absent without a C compiler or a second core
+        assert trips["windows"] >= 1 and 0 < trips["p10_ns"] <= trips["p90_ns"]
