@@ -102,3 +102,44 @@ def test_an_interrupted_run_resumes_to_the_same_weights(mpirun, tmp_path):
     assert resumed.rank(0)["iterations"] == straight.rank(0)["iterations"] == 4 * 6
     assert resumed.rank(0)["weights"] == straight.rank(0)["weights"]
     assert resumed.rank(1)["weights"] == straight.rank(0)["weights"]
+
+
+def test_the_watchdog_channel_outlives_a_dead_peer(monkeypatch):
+    # In a fault-tolerant job a dead rank fails MPI calls on the watchdog's
+    # channel (MPI_ERR_PROC_FAILED_PENDING); the monitor thread must carry on.
+    import types
+
+    from kdist.comm import peers
+
+    class Failure(Exception):
+        pass
+
+    monkeypatch.setattr(peers, "_mpi", lambda: types.SimpleNamespace(
+        Exception=Failure, Status=lambda: None, ANY_SOURCE=-1))
+
+    class Request:
+        def Test(self, status=None):
+            raise Failure("MPI_ERR_PROC_FAILED_PENDING")
+
+        def Cancel(self):
+            raise Failure("MPI_ERR_PROC_FAILED")
+
+        Wait = Cancel
+
+    class Comm:
+        def Get_size(self):
+            return 3
+
+        def Irecv(self, buffer, source, tag):
+            return Request()
+
+        def Isend(self, buffer, dest, tag):
+            if dest == 2:
+                raise Failure("MPI_ERR_PROC_FAILED")
+            return Request()
+
+    channel = peers.PeerStatus(Comm(), rank=0)
+    channel.answer("is running")
+    assert channel._incoming is None  # it stopped listening instead of raising
+    assert channel.ask(lambda: "is running", grace=0.1) == {1: None, 2: None}
+    channel.close()

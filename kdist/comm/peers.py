@@ -46,11 +46,31 @@ class PeerStatus:
         """Answers every question that has arrived with `text`."""
         MPI = _mpi()
         status = MPI.Status()
-        while self._incoming is not None and self._incoming.Test(status):
-            self._send(status.Get_source(), _REPLY_TAG + int(self._question[0]) % 1000, text)
-            self._incoming = self._listen()
-        self._sends = [(request, buffer) for request, buffer in self._sends
-                       if not request.Test()]
+        try:
+            while self._incoming is not None and self._incoming.Test(status):
+                self._send(status.Get_source(), _REPLY_TAG + int(self._question[0]) % 1000,
+                           text)
+                self._incoming = self._listen()
+            self._sends = [(request, buffer) for request, buffer in self._sends
+                           if not request.Test()]
+        except MPI.Exception:
+            self._abandon()
+
+    def _abandon(self):
+        """Stops listening after an MPI error on this channel.
+
+        In a fault-tolerant job a dead peer fails the receive from any rank
+        (MPI_ERR_PROC_FAILED_PENDING) while the job goes on without it; the
+        watchdog then carries on without answering, rather than fail.
+        """
+        MPI = _mpi()
+        if self._incoming is not None:
+            try:
+                self._incoming.Cancel()
+            except MPI.Exception:
+                pass
+        self._incoming = None
+        self._sends = []
 
     def _send(self, peer, tag, text):
         buffer = np.zeros(_REPLY_BYTES, dtype=np.uint8)
@@ -67,30 +87,48 @@ class PeerStatus:
         self._asked += 1
         tag = _REPLY_TAG + self._asked % 1000
         replies = {}
+        MPI = _mpi()
+        answers = {}
         for peer in range(self.size):
             if peer == self.rank:
                 continue
             question = np.array([self._asked], dtype=np.int64)
-            self._sends.append((self.comm.Isend(question, dest=peer, tag=_QUERY_TAG), question))
             buffer = np.zeros(_REPLY_BYTES, dtype=np.uint8)
-            replies[peer] = (self.comm.Irecv(buffer, source=peer, tag=tag), buffer)
-        answers = {}
+            try:
+                self._sends.append((self.comm.Isend(question, dest=peer, tag=_QUERY_TAG),
+                                    question))
+                replies[peer] = (self.comm.Irecv(buffer, source=peer, tag=tag), buffer)
+            except MPI.Exception:
+                answers[peer] = None  # a dead peer, in a fault-tolerant job
         deadline = time.monotonic() + grace
-        while len(answers) < len(replies) and time.monotonic() < deadline:
+        while len(answers) < self.size - 1 and time.monotonic() < deadline:
             self.answer(status())
             for peer, (request, buffer) in replies.items():
-                if peer not in answers and request.Test():
-                    answers[peer] = buffer.tobytes().rstrip(b"\0").decode(errors="replace")
+                if peer in answers:
+                    continue
+                try:
+                    if request.Test():
+                        answers[peer] = buffer.tobytes().rstrip(b"\0").decode(errors="replace")
+                except MPI.Exception:
+                    answers[peer] = None
             time.sleep(0.02)
         for peer, (request, _) in replies.items():
             if peer not in answers:
-                request.Cancel()
-                request.Wait()
+                try:
+                    request.Cancel()
+                    request.Wait()
+                except MPI.Exception:
+                    pass
                 answers[peer] = None
         return answers
 
     def close(self):
-        if self._incoming is not None:
+        if self._incoming is None:
+            return
+        MPI = _mpi()
+        try:
             self._incoming.Cancel()
             self._incoming.Wait()
-            self._incoming = None
+        except MPI.Exception:
+            pass  # a peer died (see _abandon); there is nothing left to close
+        self._incoming = None
