@@ -37,10 +37,14 @@ def _mpi_flavour(mpiexec):
 
 
 # Open MPI's fault tolerance, with a failure detector quick enough that a
-# parameter server notices a dead worker within seconds.
+# parameter server notices a dead worker within seconds. Heartbeats are sent
+# from MPI calls, so a live rank that computes, or waits for a shared core,
+# longer than the timeout is declared dead: 4 s leaves room for that on a
+# loaded machine. (The detector's own thread, mpi_ft_detector_thread, stopped
+# the master from carrying on in tests with Open MPI 5.0.)
 FAULT_TOLERANCE_ARGS = ("--with-ft", "ulfm", "--mca", "mpi_ft_detector", "true",
                         "--mca", "mpi_ft_detector_period", "0.5",
-                        "--mca", "mpi_ft_detector_timeout", "2")
+                        "--mca", "mpi_ft_detector_timeout", "4")
 
 
 def mpiexec_command(nprocs, command, mpiexec=None, extra=(), fault_tolerant=False):

@@ -243,7 +243,7 @@ def test_a_killed_worker_ends_the_job_quickly_naming_it(mpirun):
 
 
 def test_with_fault_tolerance_the_master_carries_on_without_a_dead_worker(mpirun):
-    # Not recorded: the failure detector's 2 s heartbeat deadline leaves no
+    # Not recorded: the failure detector's 4 s heartbeat deadline leaves no
     # room for extra work on a loaded machine.
     job = mpirun(SCRIPT, n=4, args=["downpour", "--die-on", 2, "--fault-tolerant"],
                  timeout=180, check=False, fault_tolerant=True)
