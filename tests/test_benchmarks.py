@@ -52,6 +52,8 @@ def test_weak_scaling_benchmark_compares_all_cases_in_one_run(mpiexec_path):
     modes = {"single", "kdist", "mpi_strategy"}
     assert set(result["ms_per_step"]) == modes
     assert set(result["efficiency"]) == modes - {"single"}
+    assert set(result["slowest_over_fastest"]) == modes
+    assert all(value >= 1 for value in result["slowest_over_fastest"].values())
     assert all(value > 0 for value in result["efficiency"].values())
 
 
