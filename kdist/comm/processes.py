@@ -83,26 +83,9 @@ def _import_mpi():
     # TensorFlow runs py-function ops on its own threads, so MPI must accept
     # calls from any thread. kdist serialises them per communicator.
     mpi4py.rc.thread_level = "multiple"
-    _yield_when_sharing_cores()
     from mpi4py import MPI
 
     return MPI
-
-
-def _yield_when_sharing_cores():
-    """Makes Open MPI's waits yield the core when this node has more ranks than cores.
-
-    A rank waiting in an MPI call polls without pause; when it shares its core,
-    that polling takes the time the rank it waits for needs to get there. Open
-    MPI yields between polls when told the node is oversubscribed, which its
-    launcher does not say under every mapping policy. Set before MPI starts; an
-    explicit OMPI_MCA_mpi_yield_when_idle wins.
-    """
-    local = os.environ.get("OMPI_COMM_WORLD_LOCAL_SIZE", "")
-    if not local.isdigit() or "OMPI_MCA_mpi_yield_when_idle" in os.environ:
-        return
-    if int(local) > (os.cpu_count() or 1):
-        os.environ["OMPI_MCA_mpi_yield_when_idle"] = "1"
 
 
 def init(comm=None, process_sets=None):
