@@ -1,7 +1,5 @@
 """The communication layer on one process and on real MPI jobs."""
 
-import os
-
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -218,17 +216,3 @@ def test_without_a_compiler_the_native_op_steps_aside(monkeypatch, caplog):
     monkeypatch.setattr(native, "_ops_failure", None)
     monkeypatch.setenv("KDIST_NATIVE_OPS", "0")
     assert native.load() is None and "KDIST_NATIVE_OPS" in native.failure()
-
-
-def test_open_mpi_waits_yield_when_a_node_has_more_ranks_than_cores(monkeypatch):
-    cores = os.cpu_count() or 1
-    monkeypatch.delenv("OMPI_MCA_mpi_yield_when_idle", raising=False)
-    monkeypatch.setenv("OMPI_COMM_WORLD_LOCAL_SIZE", str(cores))
-    processes._yield_when_sharing_cores()
-    assert "OMPI_MCA_mpi_yield_when_idle" not in os.environ  # a core each: poll
-    monkeypatch.setenv("OMPI_COMM_WORLD_LOCAL_SIZE", str(cores + 1))
-    processes._yield_when_sharing_cores()
-    assert os.environ["OMPI_MCA_mpi_yield_when_idle"] == "1"
-    monkeypatch.setenv("OMPI_MCA_mpi_yield_when_idle", "0")  # the user's choice wins
-    processes._yield_when_sharing_cores()
-    assert os.environ["OMPI_MCA_mpi_yield_when_idle"] == "0"
