@@ -22,6 +22,16 @@ def _mpi():
     return MPI
 
 
+def _cancel(request, wait=True):
+    """Cancels a pending request; an MPI error (a peer that died) leaves nothing to do."""
+    try:
+        request.Cancel()
+        if wait:
+            request.Wait()
+    except _mpi().Exception:
+        pass
+
+
 class PeerStatus:
     """Answers other ranks' questions and asks them in turn.
 
@@ -63,12 +73,8 @@ class PeerStatus:
         (MPI_ERR_PROC_FAILED_PENDING) while the job goes on without it; the
         watchdog then carries on without answering, rather than fail.
         """
-        MPI = _mpi()
         if self._incoming is not None:
-            try:
-                self._incoming.Cancel()
-            except MPI.Exception:
-                pass
+            _cancel(self._incoming, wait=False)
         self._incoming = None
         self._sends = []
 
@@ -114,21 +120,11 @@ class PeerStatus:
             time.sleep(0.02)
         for peer, (request, _) in replies.items():
             if peer not in answers:
-                try:
-                    request.Cancel()
-                    request.Wait()
-                except MPI.Exception:
-                    pass
+                _cancel(request)
                 answers[peer] = None
         return answers
 
     def close(self):
-        if self._incoming is None:
-            return
-        MPI = _mpi()
-        try:
-            self._incoming.Cancel()
-            self._incoming.Wait()
-        except MPI.Exception:
-            pass  # a peer died (see _abandon); there is nothing left to close
+        if self._incoming is not None:
+            _cancel(self._incoming)
         self._incoming = None
