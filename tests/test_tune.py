@@ -2,6 +2,7 @@
 
 import contextlib
 import io
+import json
 
 import keras
 import keras_tuner as kt
@@ -161,6 +162,56 @@ def test_oracle_state_saves_and_reloads_and_a_rerun_keeps_finished_trials(kind, 
     assert len(resumed.seen) == 12
     if kind == "genetic":
         assert resumed.oracle.generation >= 1
+
+
+def test_state_files_are_written_whole_or_not_at_all(tmp_path, monkeypatch):
+    from kdist.tune import storage
+
+    path = tmp_path / "state.json"
+    storage.write_json(path, {"trials": 1})
+
+    def killed(fd):
+        raise KeyboardInterrupt  # the process dies before the new state is in place
+
+    monkeypatch.setattr(storage.os, "fsync", killed)
+    with pytest.raises(KeyboardInterrupt):
+        storage.write_json(path, {"trials": 2})
+    assert json.loads(path.read_text()) == {"trials": 1}
+    assert [p.name for p in tmp_path.iterdir()] == ["state.json"]  # no temporary left
+    monkeypatch.undo()
+    storage.write_json(path, {"trials": np.int64(3)})
+    assert json.loads(path.read_text()) == {"trials": 3}
+
+
+@pytest.mark.parametrize("kind", sorted(ORACLES))
+def test_an_oracle_killed_while_saving_keeps_its_last_state(kind, tmp_path, monkeypatch):
+    from kdist.tune import storage
+
+    tuner = _search(ORACLES[kind](seed=1, trials=4), tmp_path)
+    before = (tmp_path / "p" / "oracle.json").read_text()
+    monkeypatch.setattr(storage.os, "fsync", lambda fd: (_ for _ in ()).throw(SystemExit))
+    with pytest.raises(SystemExit):
+        tuner.oracle.save()
+    with pytest.raises(SystemExit):
+        tuner.oracle._save_trial(tuner.oracle.trials["0"])
+    assert (tmp_path / "p" / "oracle.json").read_text() == before
+    monkeypatch.undo()
+    assert len(_search(ORACLES[kind](seed=1, trials=4), tmp_path).oracle.trials) == 4
+
+
+def test_a_reloaded_search_ranks_tied_trials_as_the_original_did(tmp_path, monkeypatch):
+    from keras_tuner.src import backend
+
+    tied = lambda values: 1.0  # noqa: E731 - every trial scores the same
+    first = _search(ORACLES["genetic"](seed=2, trials=5), tmp_path, tied)
+    best = first.oracle.get_best_trials(1)[0].trial_id
+    # File systems list directories in any order; keras-tuner reloads in that order.
+    listing = backend.io.glob
+    monkeypatch.setattr(backend.io, "glob", lambda pattern: sorted(listing(pattern))[::-1])
+    again = _search(ORACLES["genetic"](seed=2, trials=5), tmp_path, tied)
+    assert again.seen == []  # nothing ran twice
+    assert list(again.oracle.trials) == sorted(first.oracle.trials)
+    assert again.oracle.get_best_trials(1)[0].trial_id == best == "0"
 
 
 def test_genetic_generations_wait_and_steady_state_does_not():

@@ -7,6 +7,7 @@ import keras_tuner as kt
 import numpy as np
 from scipy import optimize, stats
 
+from kdist.tune import storage
 from kdist.tune.space import Encoding, trial_response
 
 logger = logging.getLogger(__name__)
@@ -43,7 +44,7 @@ def warp(scores):
     return warped if np.all(np.isfinite(warped)) else scores
 
 
-class BayesianOracle(kt.Oracle):
+class BayesianOracle(storage.WholeSaves, kt.Oracle):
     """Gaussian-process search with expected improvement.
 
     The first `num_initial_points` trials come from a scrambled Sobol

@@ -27,6 +27,7 @@ from concurrent import futures
 import keras_tuner as kt
 
 from kdist.comm import p2p, processes
+from kdist.tune import storage
 
 logger = logging.getLogger(__name__)
 
@@ -136,6 +137,8 @@ def search(tuner, *fit_args, folds_per_group=1, workers_per_fold=1, comm=None, *
     if folds_per_group > 1 and not isinstance(tuner, KFoldTuner):
         raise ValueError("folds_per_group > 1 needs a kdist.tune.KFoldTuner.")
     roles = Roles(comm, folds_per_group, workers_per_fold)
+    storage.make_saves_whole(tuner)
+    storage.order_trials(tuner.oracle)  # a resumed search reloaded them in listing order
     if isinstance(tuner, KFoldTuner) and roles.folds_per_group > tuner.folds:
         raise ValueError(f"folds_per_group ({roles.folds_per_group}) exceeds the tuner's "
                          f"{tuner.folds} folds.")
@@ -157,6 +160,8 @@ def search(tuner, *fit_args, folds_per_group=1, workers_per_fold=1, comm=None, *
     comm.barrier()
     if not roles.is_master:
         tuner.oracle.reload()
+        # Ties then rank alike here and on the master.
+        storage.order_trials(tuner.oracle)
     return None
 
 

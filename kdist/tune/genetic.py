@@ -6,7 +6,7 @@ import math
 import keras_tuner as kt
 import numpy as np
 
-from kdist.tune import operators
+from kdist.tune import operators, storage
 from kdist.tune.space import Encoding, trial_response
 
 logger = logging.getLogger(__name__)
@@ -15,7 +15,7 @@ _FINISHED = (kt.engine.trial.TrialStatus.COMPLETED, kt.engine.trial.TrialStatus.
              kt.engine.trial.TrialStatus.INVALID)
 
 
-class GeneticOracle(kt.Oracle):
+class GeneticOracle(storage.WholeSaves, kt.Oracle):
     """Evolves hyper-parameters: elitism, binary tournaments, directed crossover,
     non-uniform mutation.
 

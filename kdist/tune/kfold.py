@@ -6,7 +6,7 @@ import keras_tuner as kt
 import numpy as np
 
 from kdist.comm import processes
-from kdist.tune import distributed
+from kdist.tune import distributed, storage
 
 logger = logging.getLogger(__name__)
 
@@ -119,6 +119,8 @@ class KFoldTuner(kt.Tuner):
             kwargs["overwrite"] = distributed.clear_project(
                 kwargs.get("directory") or ".", kwargs.get("project_name") or "untitled_project")
         super().__init__(hypermodel=hypermodel, oracle=oracle, **kwargs)
+        storage.make_saves_whole(self)
+        storage.order_trials(self.oracle)
         self.folds = int(folds)
         self.stratified = stratified
         self.shuffle = bool(shuffle)

@@ -1,0 +1,101 @@
+"""Search state on disk that survives a kill, and reads back the same everywhere.
+
+keras-tuner writes `oracle.json`, each `trial.json` and the tuner's file by
+truncating the file and then writing it, so a process killed in between
+leaves an empty file and the search cannot be resumed. Here each file is
+written to a temporary name next to it and renamed over it: a reader sees
+the old state or the new one, never a part.
+
+keras-tuner also reloads trials in the order the file system lists their
+directories, and ranks trials with equal scores in that order; `order_trials`
+puts them back in the order they were created, so every process (and a
+resumed search) names the same best trial.
+"""
+
+import functools
+import json
+import os
+import tempfile
+
+import numpy as np
+
+
+def write_json(path, obj):
+    """Writes `obj` as JSON to `path` whole or not at all (local paths).
+
+    Paths with a scheme (`gs://...`) go through keras-tuner's own writer.
+    """
+    path = os.fspath(path)
+    if "://" in path:
+        from keras_tuner.src import utils
+
+        return utils.save_json(path, obj)
+    text = json.dumps(obj, default=_plain)
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(prefix=".kdist-", suffix=".json", dir=directory)
+    try:
+        with os.fdopen(handle, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+        raise
+    return text
+
+
+def _plain(value):
+    if isinstance(value, np.generic):
+        return value.item()
+    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
+
+
+def trial_order(trial_id):
+    """Sort key: trial ids are counts (zero-padded by keras-tuner), compared as numbers."""
+    return (len(trial_id), trial_id)
+
+
+def order_trials(oracle):
+    """Puts `oracle.trials` back in the order the trials were created."""
+    oracle.trials = dict(sorted(oracle.trials.items(), key=lambda item: trial_order(item[0])))
+
+
+def save_oracle(oracle):
+    write_json(oracle._get_oracle_fname(), oracle.get_state())
+
+
+def save_trial(oracle, trial):
+    write_json(os.path.join(oracle._get_trial_dir(trial.trial_id), "trial.json"),
+               trial.get_state())
+
+
+def save_tuner(tuner):
+    if not tuner._is_worker():
+        tuner.oracle.save()
+    write_json(tuner._get_tuner_fname(), tuner.get_state())
+
+
+class WholeSaves:
+    """Mixin for a `keras_tuner.Oracle`: whole-file saves, creation-ordered reloads."""
+
+    def save(self):
+        save_oracle(self)
+
+    def _save_trial(self, trial):
+        save_trial(self, trial)
+
+    def reload(self):
+        super().reload()
+        order_trials(self)
+
+
+def make_saves_whole(tuner):
+    """Gives any keras-tuner tuner and its oracle whole-file saves, in place."""
+    oracle = tuner.oracle
+    if not isinstance(oracle, WholeSaves):
+        oracle.save = functools.partial(save_oracle, oracle)
+        oracle._save_trial = functools.partial(save_trial, oracle)
+    tuner.save = functools.partial(save_tuner, tuner)
