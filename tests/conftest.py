@@ -88,7 +88,12 @@ def mpirun(mpiexec_path, tmp_path):
             out = error.output or ""
             if isinstance(out, bytes):
                 out = out.decode(errors="replace")
-            pytest.fail(f"mpiexec job did not finish within {timeout} s:\n{out[-6000:]}")
+            # TensorFlow's start-up lines would crowd out what the ranks said.
+            out = "\n".join(line for line in out.splitlines()
+                             if "absl::InitializeLog" not in line and "cudart_stub" not in line)
+            reported = sorted(p.name for p in report_dir.iterdir())
+            pytest.fail(f"mpiexec job did not finish within {timeout} s; reports written: "
+                        f"{reported}\n{out[-6000:]}")
         results = _read_reports(report_dir)
         result = MPIResult(done.returncode, done.stdout, results)
         if check and done.returncode != 0:

@@ -143,3 +143,49 @@ def test_the_watchdog_channel_outlives_a_dead_peer(monkeypatch):
     assert channel._incoming is None  # it stopped listening instead of raising
     assert channel.ask(lambda: "is running", grace=0.1) == {1: None, 2: None}
     channel.close()
+
+    # Where MPI can acknowledge the death, the channel listens on, once per new death.
+    class FaultTolerantComm(Comm):
+        deaths = 1
+
+        def Ack_failed(self):
+            return self.deaths
+
+    comm = FaultTolerantComm()
+    channel = peers.PeerStatus(comm, rank=0)
+    channel.answer("is running")
+    assert channel._incoming is not None
+    channel.answer("is running")  # the same error, no new death: a real fault
+    assert channel._incoming is None
+
+
+SURVIVORS_AT_EXIT = """
+import atexit, os, sys, time
+
+# Registered before kdist's own handler, so it runs after it: only if MPI_Finalize runs.
+atexit.register(lambda: print("finalized as usual", flush=True))
+import kdist
+from workers.common import report
+
+kdist.init()
+from mpi4py import MPI
+
+rank = kdist.rank()
+if rank == 2:
+    os._exit(3)
+while MPI.COMM_WORLD.Get_failed().Get_size() == 0:
+    MPI.COMM_WORLD.Iprobe()  # lets the failure detector run
+    time.sleep(0.01)
+if rank == 0:
+    time.sleep(3)  # the quick survivor's exit must not cut this one short
+report({"rank": rank})
+print(f"rank {rank} done", flush=True)
+"""
+
+
+def test_survivors_of_a_fault_tolerant_job_all_finish_and_the_job_ends(mpirun):
+    job = mpirun(SURVIVORS_AT_EXIT, n=3, check=False, timeout=120, fault_tolerant=True)
+    assert sorted(job.results) == [0, 1], job.output[-3000:]
+    assert "rank 0 done" in job.output and "rank 1 done" in job.output
+    # They left without MPI_Finalize, which can hang in Open MPI's failure detector.
+    assert "finalized as usual" not in job.output

@@ -48,6 +48,7 @@ class PeerStatus:
         self._incoming = self._listen()
         self._sends = []
         self._asked = 0
+        self._acknowledged = 0
 
     def _listen(self):
         return self.comm.Irecv(self._question, source=_mpi().ANY_SOURCE, tag=_QUERY_TAG)
@@ -64,15 +65,30 @@ class PeerStatus:
             self._sends = [(request, buffer) for request, buffer in self._sends
                            if not request.Test()]
         except MPI.Exception:
-            self._abandon()
+            if not self._acknowledge_deaths():
+                self._abandon()
 
-    def _abandon(self):
-        """Stops listening after an MPI error on this channel.
+    def _acknowledge_deaths(self):
+        """True if the error came from peers that just died, and listening goes on.
 
         In a fault-tolerant job a dead peer fails the receive from any rank
-        (MPI_ERR_PROC_FAILED_PENDING) while the job goes on without it; the
-        watchdog then carries on without answering, rather than fail.
+        (MPI_ERR_PROC_FAILED_PENDING) until its death is acknowledged. Listening
+        on keeps this thread calling MPI, and so keeps Open MPI's failure
+        detector beating while the main thread computes: a rank that makes no
+        MPI call for longer than the detector's timeout is taken for dead.
         """
+        try:
+            acknowledged = self.comm.Ack_failed()
+        except (AttributeError, NotImplementedError, _mpi().Exception):
+            return False
+        if acknowledged > self._acknowledged:
+            self._acknowledged = acknowledged
+            return True
+        return False
+
+    def _abandon(self):
+        """Stops listening after an MPI error on this channel that is not a new death,
+        so the watchdog carries on without answering, rather than fail."""
         if self._incoming is not None:
             _cancel(self._incoming, wait=False)
         self._incoming = None

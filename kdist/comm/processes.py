@@ -117,6 +117,10 @@ def init(comm=None, process_sets=None):
             return
         mpi_comm = None
         if comm is not None or launched_by_mpi():
+            # Before MPI starts: under fault tolerance, a rank that makes no MPI
+            # call for a few seconds (TensorFlow's import takes that) is taken for dead.
+            import tensorflow  # noqa: F401
+
             MPI = _import_mpi()
             if comm is None:
                 mpi_comm = MPI.COMM_WORLD
@@ -148,9 +152,11 @@ def init(comm=None, process_sets=None):
                 _state.watch = mpi_comm.Dup()
         _state.world, _state.local, _state.cross = world, local, cross
         _state.initialized = True
-    from kdist.comm import watchdog
+    from kdist.comm import ending, watchdog
 
     watchdog.install_failure_handlers()
+    if mpi_comm is not None:
+        ending.install()
     _configure_logging()
     if world.size > 1:
         watchdog.start_monitor(world, _state.watch)
