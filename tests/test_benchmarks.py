@@ -42,6 +42,21 @@ def test_step_overhead_benchmark_compares_the_overhead_with_the_raw_allreduce(mp
     assert {"negotiate", "pack", "allreduce"} <= set(result["phase_ms_per_step"])
 
 
+def test_overlap_benchmark_reports_the_hidden_fraction_of_the_same_buckets(mpirun):
+    job = mpirun(os.path.join(ROOT, "benchmarks", "overlap.py"), n=2,
+                 args=["--width", "128", "--depth", "3", "--batch", "32", "--bucket-mb", "0.06",
+                       "--rounds", "2", "--steps", "4"])
+    result = _json_from(job.output)
+    assert result["buckets"] >= 3 and len(result["rounds"]) == 2
+    for row in result["rounds"]:
+        assert row["communication_ms"] == pytest.approx(row["serial_ms"] - row["plain_ms"],
+                                                        abs=0.02)
+        if row["communication_ms"] > 0:
+            assert row["hidden_fraction"] == pytest.approx(
+                (row["serial_ms"] - row["overlap_ms"]) / row["communication_ms"], rel=0.05,
+                abs=0.05)
+
+
 def test_weak_scaling_benchmark_compares_all_cases_in_one_run(mpiexec_path):
     done = subprocess.run(
         [sys.executable, os.path.join(ROOT, "benchmarks", "weak_scaling.py"), "--rounds", "1",

@@ -60,3 +60,66 @@ def test_gradient_accumulation_equals_one_larger_batch(mpirun, python_run):
     single = python_run("train.py", args)
     assert accumulated.rank(0)["iterations"] == 10 * 2, "every backward pass counts"
     np.testing.assert_allclose(accumulated.rank(0)["weights"], single["weights"], atol=1e-5)
+
+
+OVERLAP_GRAPH = """
+import os
+import keras
+import tensorflow as tf
+import kdist
+from workers.common import report
+
+kdist.init()
+found = {}
+for overlap in ("1", "0"):
+    os.environ["KDIST_OVERLAP"] = overlap
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16),
+                              keras.layers.Dense(16), keras.layers.Dense(4)])
+    # Small buckets: about one layer each.
+    optimizer = kdist.DistributedOptimizer(keras.optimizers.SGD(0.1), bucket_bytes=1200)
+    optimizer.build(model.trainable_variables)
+    grads = {}
+
+    @tf.function
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean((model(x) - y) ** 2)
+        gradients = tape.gradient(loss, model.trainable_variables)
+        grads["first"], grads["last"] = gradients[0], gradients[-1]
+        optimizer.apply_gradients(zip(gradients, model.trainable_variables))
+        return loss
+
+    graph = step.get_concrete_function(tf.TensorSpec((4, 8)), tf.TensorSpec((4, 4))).graph
+    reductions = {op.get_attr("label").decode().split(", bucket ")[-1]: op
+                  for op in graph.get_operations() if op.type == "KdistAllreduce"}
+
+    def ancestors(op):
+        seen, todo = set(), [op]
+        while todo:
+            for before in [t.op for t in todo[-1].inputs] + list(todo.pop().control_inputs):
+                if before.name not in seen:
+                    seen.add(before.name)
+                    todo.append(before)
+        return seen
+
+    seen = ancestors(reductions["0"])
+    found[overlap] = {"buckets": len(reductions),
+                      "needs_last_layer": grads["last"].op.name in seen,
+                      "needs_first_layer": grads["first"].op.name in seen,
+                      # Every rank must run the buckets in one order.
+                      "in_order": all(reductions[str(i - 1)].name in ancestors(reductions[str(i)])
+                                      for i in range(1, len(reductions)))}
+report(found)
+"""
+
+
+def test_the_first_bucket_reduces_the_last_layer_without_waiting_for_the_first(mpirun):
+    """Buckets run in backpropagation order and start before backpropagation ends."""
+    out = mpirun(OVERLAP_GRAPH, n=2, timeout=120).results[0]
+    assert out["1"]["buckets"] >= 3
+    assert out["1"]["needs_last_layer"] and not out["1"]["needs_first_layer"]
+    assert out["1"]["in_order"]
+    # KDIST_OVERLAP=0: the same buckets, each after the whole backward pass.
+    assert out["0"]["buckets"] == out["1"]["buckets"]
+    assert out["0"]["needs_last_layer"] and out["0"]["needs_first_layer"]

@@ -6,9 +6,17 @@ tensors travel in fused buckets (one collective per bucket; inside it, small
 tensors packed together and large ones reduced in place), through kdist's
 C++ op when it is available; the compression mode decides the bytes on the
 wire. It works eagerly, in graphs and under XLA.
+
+Buckets follow backpropagation order: the last tensors of a list (the last
+layers' gradients, which backpropagation produces first) travel first. In a
+graph each bucket's collective depends only on its own tensors, so when
+TensorFlow has a second inter-op thread it reduces a bucket while the earlier
+layers' gradients are still being computed; `KDIST_OVERLAP=0` makes every
+bucket wait for the whole list instead (to measure what overlap hides).
 """
 
 import logging
+import os
 
 import numpy as np
 
@@ -40,6 +48,9 @@ class TensorReducer:
         prescale_factor, postscale_factor: results are
             `reduce(t * prescale_factor) * postscale_factor`, as in `kdist.allreduce`.
         name: used in log messages and in error reports.
+        overlap: let a bucket's collective start as soon as its own tensors
+            exist (True) or only once every tensor of the list exists (False).
+            None (the default) reads `KDIST_OVERLAP` (on unless it is `0`).
 
     Example:
 
@@ -51,7 +62,7 @@ class TensorReducer:
 
     def __init__(self, comm=None, compression=None, average=True,
                  bucket_bytes=DEFAULT_BUCKET_BYTES, num_groups=0, name="kdist", groups=None,
-                 prescale_factor=1.0, postscale_factor=1.0):
+                 prescale_factor=1.0, postscale_factor=1.0, overlap=None):
         if int(bucket_bytes) <= 0:
             raise ValueError(f"bucket_bytes must be positive; got {bucket_bytes}.")
         if int(num_groups or 0) < 0:
@@ -65,6 +76,7 @@ class TensorReducer:
         self.prescale_factor = float(prescale_factor)
         self.postscale_factor = float(postscale_factor)
         self.name = name
+        self.overlap = _overlap_from_environment() if overlap is None else bool(overlap)
         self._plans = {}  # signature -> list of buckets (lists of indices)
 
     @property
@@ -93,8 +105,9 @@ class TensorReducer:
                     summed = tf.cast(tf.cast(summed, tf.float64) * factor, summed.dtype)
                 reduced[i] = summed
         floating = [i for i in present if dense[i].dtype.is_floating]
+        after = [dense[i] for i in floating] if not self.overlap else []
         for number, bucket in enumerate(self._plan(floating, dense)):
-            members = [dense[i] for i in bucket]
+            members = _after(after, [dense[i] for i in bucket])
             for t in members:
                 if not t.shape.is_fully_defined():
                     raise ValueError(f"{self.name}: cannot reduce a tensor of unknown shape "
@@ -128,6 +141,7 @@ class TensorReducer:
             for i in indices:
                 by_dtype.setdefault(dense[i].dtype, []).append(i)
             for members in by_dtype.values():
+                members = members[::-1]  # backpropagation order
                 sizes = [int(np.prod(dense[i].shape)) for i in members]
                 itemsize = members and dense[members[0]].dtype.size
                 bucket_bytes = self.bucket_bytes
@@ -138,6 +152,23 @@ class TensorReducer:
         self._plans[signature] = plan
         logger.debug("%s: %d tensors in %d bucket(s)", self.name, len(indices), len(plan))
         return plan
+
+
+def _overlap_from_environment():
+    value = os.environ.get("KDIST_OVERLAP", "1").strip().lower()
+    if value not in ("0", "1", "false", "true", "no", "yes", "off", "on", ""):
+        raise ValueError(f"KDIST_OVERLAP must be 1 or 0; got {value!r}.")
+    return value not in ("0", "false", "no", "off")
+
+
+def _after(tensors, members):
+    """`members`, made to wait for every tensor of `tensors` when in a graph."""
+    import tensorflow as tf
+
+    if not tensors or tf.executing_eagerly():
+        return members
+    with tf.control_dependencies(tensors):
+        return [tf.identity(t) for t in members]
 
 
 def _check_groups(groups):
