@@ -9,6 +9,7 @@ output and its exit status (a rank killed by a signal still fails the job).
 
 import contextlib
 import os
+import signal
 import subprocess
 import sys
 
@@ -62,6 +63,13 @@ def main(argv):
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     relay(process.stdout.fileno(), f"[{rank}] ".encode(), sys.stdout.buffer)
     code = process.wait()
+    if code < 0:
+        # Die of the same signal: under fault tolerance the launcher then treats
+        # this rank as failed and lets the others go on, whereas an exit status
+        # of 128 + signal would end the job.
+        with contextlib.suppress(OSError, ValueError):  # SIGKILL cannot be handled
+            signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
     return code if code >= 0 else 128 - code
 
 

@@ -93,16 +93,30 @@ def _user_command(args, verb):
 
 
 def _run(args, verb="run"):
+    elastic = getattr(args, "elastic", False)
+    min_np = getattr(args, "min_np", None)
+    if min_np is not None and not elastic:
+        raise SystemExit(f"kdist {verb}: --min-np needs --elastic.")
+    if min_np is not None and not 1 <= min_np <= args.n:
+        raise SystemExit(f"kdist {verb}: --min-np must lie between 1 and -n ({args.n}); got "
+                         f"{min_np}.")
     command = _user_command(args, verb)
     if not args.no_prefix:
         # Run as a file, not `-m kdist...`, so the wrapper does not import TensorFlow.
         command = [sys.executable, os.path.join(os.path.dirname(__file__), "_prefix.py"),
                    "--"] + command
+    extra = shlex.split(args.mpi_args)
+    if elastic:
+        # Passed on to ranks on other nodes too.
+        extra = ["-x", "KDIST_ELASTIC_MIN_NP"] + extra
     try:
-        argv, env = mpiexec_command(args.n, command, extra=shlex.split(args.mpi_args),
-                                    fault_tolerant=getattr(args, "fault_tolerant", False))
+        argv, env = mpiexec_command(
+            args.n, command, extra=extra,
+            fault_tolerant=elastic or getattr(args, "fault_tolerant", False))
     except (ValueError, FileNotFoundError) as error:
         raise SystemExit(f"kdist {verb}: {error}")
+    if elastic:
+        env["KDIST_ELASTIC_MIN_NP"] = str(min_np or 1)
     env.setdefault("PYTHONUNBUFFERED", "1")
     if args.verbose:
         print(f"kdist {verb}:", " ".join(argv), file=sys.stderr)
@@ -272,6 +286,12 @@ def build_parser():
     run.add_argument("--fault-tolerant", action="store_true",
                      help="ranks that die do not end the job (Open MPI's ULFM); for "
                           "ParameterServerStrategy(fault_tolerant=True)")
+    run.add_argument("--elastic", action="store_true",
+                     help="fault-tolerant, for kdist.elastic.run: when ranks die the others "
+                          "shrink the job and carry on")
+    run.add_argument("--min-np", type=int, default=None,
+                     help="with --elastic: end the job when fewer ranks than this are left "
+                          "(default 1)")
     _add_launch_arguments(run, "ranks")
     run.set_defaults(func=_run)
     launch = sub.add_parser(

@@ -106,6 +106,18 @@ class Communicator:
             return Communicator(None)
         return Communicator(self._comm.Shrink())
 
+    def adopt(self, mpi_comm):
+        """Makes this object stand for `mpi_comm` from now on (after ranks died).
+
+        Everything that holds this `Communicator` talks to the new group, but
+        graphs traced before hold the old one's handle and must be traced again.
+        """
+        with self.lock:
+            self._comm = mpi_comm
+            self.rank = mpi_comm.Get_rank()
+            self.size = mpi_comm.Get_size()
+            self._packed = {}
+
     def free(self):
         if self._comm is not None:
             self._comm.Free()

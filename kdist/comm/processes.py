@@ -227,6 +227,33 @@ def _check_thread_level():
         "support.")
 
 
+def replace_world(mpi_comm):
+    """Makes `mpi_comm` (the survivors, after ranks died) kdist's world.
+
+    The world, local and cross `Communicator` objects keep their identity and
+    take the new group; the watchdog starts again on a copy of it. Collective
+    over the ranks of `mpi_comm`.
+    """
+    from kdist.comm import watchdog
+
+    MPI = _mpi()
+    watchdog.stop_monitor()
+    with _state.lock:
+        if not _state.initialized or _state.world.mpi is None:
+            raise RuntimeError("kdist's world can be replaced only in a job started by an "
+                               "MPI launcher, after kdist.init().")
+        world = _state.world
+        world.adopt(mpi_comm)
+        _state.local.adopt(mpi_comm.Split_type(MPI.COMM_TYPE_SHARED, key=world.rank))
+        _state.cross.adopt(mpi_comm.Split(_state.local.rank, world.rank))
+        # The old copies may be revoked; they are left to the end of the process.
+        _state.watch = None
+        if _state.thread_level == MPI.THREAD_MULTIPLE and world.size > 1:
+            _state.watch = mpi_comm.Dup()
+    if world.size > 1:
+        watchdog.start_monitor(world, _state.watch)
+
+
 def shutdown():
     """Releases kdist's communicators. `init()` may be called again afterwards."""
     from kdist.comm import watchdog

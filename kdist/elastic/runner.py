@@ -1,0 +1,110 @@
+"""`kdist.elastic.run`: call a training function again after ranks died."""
+
+import functools
+import logging
+import os
+import signal
+import sys
+
+from kdist.comm import ending, processes, recovery
+from kdist.elastic.state import HostsUpdatedInterrupt, State
+
+logger = logging.getLogger(__name__)
+
+
+class FatalToThisRank(Exception):
+    """Raise it (or a subclass) on a rank that cannot go on: inside
+    `kdist.elastic.run` that rank leaves the job, and the others carry on
+    without it, as if it had died."""
+
+
+def min_ranks(min_size=None, environ=None):
+    """The fewest ranks the job may shrink to: `min_size`, else
+    `KDIST_ELASTIC_MIN_NP` (set by `kdist run --elastic --min-np`), else 1."""
+    environ = os.environ if environ is None else environ
+    value = min_size if min_size is not None else environ.get("KDIST_ELASTIC_MIN_NP", "1")
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"The minimum number of ranks must be a whole number; got "
+                         f"{value!r}.") from None
+    if number < 1:
+        raise ValueError(f"The minimum number of ranks must be at least 1; got {number}.")
+    return number
+
+
+def run(func=None, *, min_size=None):
+    """Decorates `func(state, ...)` so that training carries on when ranks die.
+
+    Before each attempt every rank takes rank 0's state (`state.sync()`).
+    When a collective fails because ranks died, the survivors agree on who is
+    left, make them kdist's world (ranks and size change), go back to the
+    last commit (`state.restore()`), call the state's reset callbacks, and
+    call `func` again. A rank that raises `FatalToThisRank` leaves and the
+    others carry on. Any other exception ends the job as usual.
+
+    Needs a fault-tolerant launch (`kdist run --elastic`); elsewhere a rank
+    that dies still ends the job. Fewer than `min_size` survivors (default
+    `KDIST_ELASTIC_MIN_NP`, else 1) end it too, with a message.
+
+    Example:
+
+    >>> import kdist
+    >>> state = kdist.elastic.ObjectState(epoch=0)
+    >>> @kdist.elastic.run
+    ... def train(state):
+    ...     state.epoch += 1
+    ...     return state.epoch
+    >>> train(state)
+    1
+    """
+    if func is None:
+        return functools.partial(run, min_size=min_size)
+    fewest = min_ranks(min_size)
+
+    @functools.wraps(func)
+    def wrapper(state, *args, **kwargs):
+        if not isinstance(state, State):
+            raise TypeError("A function decorated with kdist.elastic.run takes a "
+                            f"kdist.elastic State first; got {type(state).__name__}.")
+        world = processes.world()
+        if world.size > 1 and not ending.fault_tolerant():
+            logger.warning("kdist.elastic.run: this job was not started fault-tolerant "
+                           "(kdist run --elastic), so a rank that dies ends it.")
+        reset = False
+        while True:
+            if reset:
+                state.on_reset()
+            state.sync()
+            try:
+                result = func(state, *args, **kwargs)
+                recovery.confirm_everyone_finished()
+                return result
+            except FatalToThisRank as error:
+                _leave(error)
+            except HostsUpdatedInterrupt:
+                pass
+            except Exception as error:
+                if not recovery.caused_by_lost_ranks(error):
+                    raise
+                recovery.shrink_world()
+                if world.size < fewest:
+                    raise RuntimeError(
+                        f"Only {world.size} rank(s) are left, fewer than the {fewest} this "
+                        "job needs (min_size / --min-np); ending it.") from error
+                state.restore()
+            reset = True
+
+    return wrapper
+
+
+def _leave(error):
+    rank = processes.rank()
+    sys.stderr.write(f"[kdist rank {rank}] leaving the job: {error}\n")
+    sys.stderr.flush()
+    logging.shutdown()
+    if processes.size() == 1 or not ending.fault_tolerant():
+        raise SystemExit(1)
+    # As a crash does: the others must see this rank as dead, and the launcher
+    # ends a fault-tolerant job when a rank exits with an error status instead.
+    os.kill(os.getpid(), signal.SIGKILL)

@@ -1,0 +1,185 @@
+"""What an elastic job keeps in memory between commits, and brings back after a failure."""
+
+import logging
+
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+
+class HostsUpdatedInterrupt(RuntimeError):
+    """Raised by `State.commit` when the job's membership is about to change.
+
+    `kdist.elastic.run` catches it, resets and goes on without restoring
+    (nothing was lost). kdist raises it when a rank asks to leave.
+    """
+
+
+class State:
+    """Base class of the state an elastic job commits, restores and syncs.
+
+    A subclass implements `save` (copy the state aside), `restore` (go back to
+    the last copy) and `sync` (make every rank hold rank 0's state).
+    """
+
+    def __init__(self):
+        self._reset_callbacks = []
+
+    def register_reset_callbacks(self, callbacks):
+        """Functions called (without arguments) after the world changed size,
+        before training goes on: rescale the learning rate, re-shard data."""
+        for callback in callbacks:
+            if not callable(callback):
+                raise TypeError(f"reset callbacks must be callable; got {callback!r}.")
+        self._reset_callbacks.extend(callbacks)
+
+    def on_reset(self):
+        for callback in self._reset_callbacks:
+            callback()
+
+    def commit(self):
+        """Saves the state; after a failure the job goes back to the last commit."""
+        self.save()
+
+    def check_host_updates(self):
+        """Kept for Horovod scripts: kdist learns of lost ranks from MPI itself."""
+
+    def save(self):
+        raise NotImplementedError
+
+    def restore(self):
+        raise NotImplementedError
+
+    def sync(self):
+        raise NotImplementedError
+
+
+class ObjectState(State):
+    """Plain Python values, given as keyword arguments and kept as attributes.
+
+    Example:
+
+    >>> from kdist.elastic import ObjectState
+    >>> state = ObjectState(epoch=0, best=None)
+    >>> state.epoch = 3
+    >>> state.restore()
+    >>> state.epoch
+    0
+    >>> state.epoch = 3
+    >>> state.commit()
+    >>> state.restore()
+    >>> state.epoch
+    3
+    """
+
+    def __init__(self, **values):
+        super().__init__()
+        reserved = sorted(k for k in values if k.startswith("_") or hasattr(State, k))
+        if reserved:
+            raise ValueError(f"State values may not be named {reserved}: those names are "
+                             "the state's own.")
+        self._saved_values = dict(values)
+        self._set_values()
+
+    def save(self):
+        self._saved_values = {name: getattr(self, name) for name in self._saved_values}
+
+    def restore(self):
+        self._set_values()
+
+    def sync(self):
+        from kdist.comm import collectives
+
+        if self._saved_values:
+            self._saved_values = collectives.broadcast_object(self._saved_values, root_rank=0)
+            self._set_values()
+
+    def _set_values(self):
+        for name, value in self._saved_values.items():
+            setattr(self, name, value)
+
+
+class KerasState(ObjectState):
+    """A Keras model, its optimizer and plain values, committed and restored together.
+
+    Args:
+        model: a `keras.Model`.
+        optimizer: defaults to `model.optimizer`.
+        **values: plain values to keep alongside (`epoch=0`, `batch=0`, ...).
+
+    Example:
+
+    >>> import keras, kdist
+    >>> model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    >>> model.compile(optimizer="sgd", loss="mse")
+    >>> state = kdist.elastic.KerasState(model, epoch=0)
+    >>> model.layers[0].kernel.assign(model.layers[0].kernel * 0.0)
+    >>> state.restore()
+    >>> bool(abs(model.layers[0].kernel.numpy()).sum() > 0)
+    True
+    """
+
+    def __init__(self, model, optimizer=None, **values):
+        self.model = model
+        self.optimizer = optimizer if optimizer is not None else getattr(model, "optimizer",
+                                                                         None)
+        self._saved_model = None
+        self._saved_optimizer = None
+        super().__init__(**values)
+        self._save_variables()
+
+    def _optimizer_variables(self):
+        return list(self.optimizer.variables) if self.optimizer is not None else []
+
+    def _save_variables(self):
+        self._saved_model = [np.array(v.numpy(), copy=True) for v in self.model.variables]
+        self._saved_optimizer = [np.array(v.numpy(), copy=True)
+                                 for v in self._optimizer_variables()]
+
+    def save(self):
+        self._save_variables()
+        super().save()
+
+    def restore(self):
+        _assign(self.model.variables, self._saved_model, "model")
+        optimizer_variables = self._optimizer_variables()
+        if len(optimizer_variables) == len(self._saved_optimizer):
+            _assign(optimizer_variables, self._saved_optimizer, "optimizer")
+        else:
+            # Built after the last commit (its first step): its fresh values stand,
+            # and sync() makes them rank 0's.
+            logger.debug("optimizer variables appeared since the last commit; not restored")
+        super().restore()
+
+    def sync(self):
+        from kdist.comm import collectives
+
+        collectives.broadcast_variables(self.model.variables, root_rank=0)
+        optimizer_variables = self._optimizer_variables()
+        if optimizer_variables:
+            collectives.broadcast_variables(optimizer_variables, root_rank=0)
+        super().sync()
+        self._save_variables()
+
+    def on_reset(self):
+        _forget_compiled_functions(self.model, self.optimizer)
+        super().on_reset()
+
+
+def _assign(variables, values, what):
+    variables = list(variables)
+    if len(variables) != len(values):
+        raise RuntimeError(f"The {what} has {len(variables)} variables but {len(values)} were "
+                           "committed: it changed its structure since the last commit.")
+    for variable, value in zip(variables, values):
+        variable.assign(value)
+
+
+def _forget_compiled_functions(model, optimizer):
+    """Drops the model's traced steps, which hold the old world's MPI handle."""
+    for name in ("train_function", "test_function", "predict_function"):
+        if hasattr(model, name):
+            setattr(model, name, None)
+    reducers = getattr(optimizer, "_reducers", None)
+    if isinstance(reducers, dict):
+        reducers.clear()

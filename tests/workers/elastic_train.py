@@ -1,0 +1,80 @@
+"""Elastic training on the digits data; one rank dies or leaves at a chosen batch.
+
+    elastic_train.py [--lose-rank R] [--at-batch B] [--how kill|leave|raise]
+                     [--epochs E] [--commit-every C]
+
+Each survivor reports its final size, epoch counter, sizes seen by the reset
+callbacks, optimizer iterations, weights and loss on the whole data.
+"""
+
+import argparse
+import os
+import signal
+
+import keras
+import numpy as np
+from sklearn.datasets import load_digits
+
+import kdist
+from workers.common import flat_weights, report
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--lose-rank", type=int, default=-1)
+parser.add_argument("--at-batch", type=int, default=10)
+parser.add_argument("--how", choices=("kill", "leave", "raise"), default="kill")
+parser.add_argument("--epochs", type=int, default=2)
+parser.add_argument("--commit-every", type=int, default=4)
+args = parser.parse_args()
+
+kdist.init()
+x, y = load_digits(return_X_y=True)
+x, y = (x / 16.0).astype("float32"), y.astype("int64")
+keras.utils.set_random_seed(kdist.rank())  # different on purpose: sync() makes them equal
+model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(32, activation="relu"),
+                          keras.layers.Dense(10)])
+optimizer = kdist.DistributedOptimizer(keras.optimizers.SGD(0.05 * kdist.size()))
+model.compile(optimizer, keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+state = kdist.elastic.KerasState(model, batch=0, epoch=0)
+sizes_at_reset = []
+
+
+def on_reset():
+    sizes_at_reset.append(kdist.size())
+    optimizer.learning_rate.assign(0.05 * kdist.size())
+
+
+state.register_reset_callbacks([on_reset])
+batches_seen = []
+
+
+class LoseOneRank(keras.callbacks.Callback):
+    def on_train_batch_end(self, batch, logs=None):
+        batches_seen.append(batch)
+        if kdist.rank() != args.lose_rank or sizes_at_reset or len(batches_seen) != args.at_batch:
+            return
+        if args.how == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if args.how == "leave":
+            raise kdist.elastic.FatalToThisRank("this rank's device is gone")
+        raise ValueError("a bug on one rank")
+
+
+callbacks = [kdist.elastic.CommitStateCallback(state, batches_per_commit=args.commit_every),
+             kdist.elastic.UpdateBatchStateCallback(state),
+             kdist.elastic.UpdateEpochStateCallback(state), LoseOneRank()]
+
+
+@kdist.elastic.run
+def train(state):
+    start = kdist.rank() * len(x) // kdist.size()
+    stop = (kdist.rank() + 1) * len(x) // kdist.size()
+    model.fit(x[start:stop], y[start:stop], batch_size=16, epochs=args.epochs - state.epoch,
+              callbacks=callbacks, verbose=0)
+
+
+train(state)
+report({"size": kdist.size(), "epoch": state.epoch, "sizes_at_reset": sizes_at_reset,
+        "iterations": int(optimizer.iterations.numpy()),
+        "learning_rate": float(optimizer.learning_rate.numpy()),
+        "loss": float(model.evaluate(x, y, verbose=0)),
+        "weights_sum": float(np.sum(flat_weights(model)))})
