@@ -15,9 +15,12 @@ def _survivors(job, expected):
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("lost,how", [(2, "kill"), (0, "leave")])
-def test_survivors_shrink_restore_the_last_commit_and_finish_identically(mpirun, lost, how):
-    job = mpirun(WORKER, n=3, args=["--lose-rank", lost, "--how", how, "--at-batch", 10],
+@pytest.mark.parametrize("lost,how,path", [(2, "kill", "optimizer"), (0, "leave", "optimizer"),
+                                           (1, "kill", "strategy")])
+def test_survivors_shrink_restore_the_last_commit_and_finish_identically(mpirun, lost, how,
+                                                                          path):
+    job = mpirun(WORKER, n=3, args=["--lose-rank", lost, "--how", how, "--at-batch", 10,
+                                    "--path", path],
                  fault_tolerant=True, check=False, timeout=180)
     survivors = _survivors(job, 2)
     for out in survivors:
@@ -30,6 +33,16 @@ def test_survivors_shrink_restore_the_last_commit_and_finish_identically(mpirun,
     if how == "leave":
         assert "leaving the job: this rank's device is gone" in job.output
     assert "1 rank(s) lost; carrying on with 2" in job.output
+
+
+@pytest.mark.mpi
+def test_a_gan_keeps_both_models_and_both_optimizers_through_a_lost_rank(mpirun):
+    job = mpirun("elastic_gan.py", n=3, fault_tolerant=True, check=False, timeout=180)
+    survivors = _survivors(job, 2)
+    assert all(out["size"] == 2 and out["resets"] == [2] for out in survivors)
+    assert survivors[0]["w"] == survivors[1]["w"]
+    # Both optimizers went back to the same commit: one update each per batch.
+    assert survivors[0]["d"] == survivors[0]["g"] == survivors[1]["d"] > 0
 
 
 @pytest.mark.mpi

@@ -103,8 +103,9 @@ class KerasState(ObjectState):
     """A Keras model, its optimizer and plain values, committed and restored together.
 
     Args:
-        model: a `keras.Model`.
-        optimizer: defaults to `model.optimizer`.
+        model: a `keras.Model`, or a `kdist.gan.GAN` (both its models and
+            both optimizers are kept).
+        optimizer: defaults to the model's optimizer(s).
         **values: plain values to keep alongside (`epoch=0`, `batch=0`, ...).
 
     Example:
@@ -128,8 +129,15 @@ class KerasState(ObjectState):
         super().__init__(**values)
         self._save_variables()
 
+    def _optimizers(self):
+        """The explicit optimizer, else the model's: both of a `kdist.gan.GAN`."""
+        if self.optimizer is not None:
+            return [self.optimizer]
+        several = getattr(self.model, "optimizers", None)
+        return list(several) if isinstance(several, (list, tuple)) else []
+
     def _optimizer_variables(self):
-        return list(self.optimizer.variables) if self.optimizer is not None else []
+        return [v for optimizer in self._optimizers() for v in optimizer.variables]
 
     def _save_variables(self):
         self._saved_model = [np.array(v.numpy(), copy=True) for v in self.model.variables]
@@ -162,7 +170,7 @@ class KerasState(ObjectState):
         self._save_variables()
 
     def on_reset(self):
-        _forget_compiled_functions(self.model, self.optimizer)
+        _forget_compiled_functions(self.model, self._optimizers())
         super().on_reset()
 
 
@@ -175,11 +183,14 @@ def _assign(variables, values, what):
         variable.assign(value)
 
 
-def _forget_compiled_functions(model, optimizer):
+def _forget_compiled_functions(model, optimizers):
     """Drops the model's traced steps, which hold the old world's MPI handle."""
     for name in ("train_function", "test_function", "predict_function"):
         if hasattr(model, name):
             setattr(model, name, None)
-    reducers = getattr(optimizer, "_reducers", None)
-    if isinstance(reducers, dict):
-        reducers.clear()
+    for optimizer in optimizers:
+        # A loss-scale wrapper holds the distributed optimizer inside.
+        for each in (optimizer, getattr(optimizer, "inner_optimizer", None)):
+            reducers = getattr(each, "_reducers", None)
+            if isinstance(reducers, dict):
+                reducers.clear()

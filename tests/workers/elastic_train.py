@@ -24,16 +24,30 @@ parser.add_argument("--at-batch", type=int, default=10)
 parser.add_argument("--how", choices=("kill", "leave", "raise"), default="kill")
 parser.add_argument("--epochs", type=int, default=2)
 parser.add_argument("--commit-every", type=int, default=4)
+parser.add_argument("--path", choices=("optimizer", "strategy"), default="optimizer")
 args = parser.parse_args()
 
 kdist.init()
 x, y = load_digits(return_X_y=True)
 x, y = (x / 16.0).astype("float32"), y.astype("int64")
 keras.utils.set_random_seed(kdist.rank())  # different on purpose: sync() makes them equal
-model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(32, activation="relu"),
-                          keras.layers.Dense(10)])
-optimizer = kdist.DistributedOptimizer(keras.optimizers.SGD(0.05 * kdist.size()))
-model.compile(optimizer, keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+
+
+def build():
+    model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(32, activation="relu"),
+                              keras.layers.Dense(10)])
+    optimizer = keras.optimizers.SGD(0.05 * kdist.size())
+    if args.path == "optimizer":
+        optimizer = kdist.DistributedOptimizer(optimizer)
+    model.compile(optimizer, keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model, optimizer
+
+
+if args.path == "strategy":
+    with kdist.distribute.MPIStrategy().scope():
+        model, optimizer = build()
+else:
+    model, optimizer = build()
 state = kdist.elastic.KerasState(model, batch=0, epoch=0)
 sizes_at_reset = []
 
