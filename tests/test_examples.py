@@ -65,3 +65,17 @@ def test_prune_quantize_example_keeps_accuracy_and_exports_integers(mpirun, tmp_
         assert codes.dtype == np.int8 and codes.shape == (64, 256)
         assert np.mean(codes == 0) == pytest.approx(0.8, abs=1e-3)
         assert stored["logits/scales"].shape == (10,)
+
+
+ELASTIC_EXAMPLE = os.path.join(ROOT, "examples", "elastic_digits.py")
+
+
+@pytest.mark.mpi
+def test_elastic_example_finishes_on_two_ranks_after_killing_the_third(mpirun):
+    job = mpirun(ELASTIC_EXAMPLE, n=3, args=["--epochs", 4, "--kill-rank", 2],
+                 fault_tolerant=True, check=False, timeout=240)
+    assert "rank 2: killing myself" in job.output
+    assert "carrying on with 2 rank(s) from epoch 1" in job.output
+    found = re.findall(r"finished on 2 rank\(s\): loss [0-9.]+, accuracy ([0-9.]+)", job.output)
+    assert len(found) == 1, job.output[-3000:]
+    assert float(found[0]) > 0.8
