@@ -57,6 +57,21 @@ def test_overlap_benchmark_reports_the_hidden_fraction_of_the_same_buckets(mpiru
                 abs=0.05)
 
 
+def test_fault_matrix_benchmark_reports_each_case_and_the_totals(mpiexec_path):
+    done = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "benchmarks", "faults.py"), "--ranks", "2",
+         "--faults", "kill", "--modes", "elastic", "--epochs", "2", "--timeout", "150"],
+        capture_output=True, text=True, timeout=400, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    case, totals = lines[0], lines[-1]
+    assert (case["mode"], case["fault"], case["ranks"]) == ("elastic", "kill", 2)
+    assert case["ended"] and case["outcome"] == "finished" and case["final_size"] == 1
+    assert case["batches_lost"] >= 0 and case["corrupt_checkpoints"] == 0
+    assert totals == {"benchmark": "faults", "cases": 1, "hangs": 0, "corrupt_checkpoints": 0,
+                      "finished": 1}
+
+
 def test_weak_scaling_benchmark_compares_all_cases_in_one_run(mpiexec_path):
     done = subprocess.run(
         [sys.executable, os.path.join(ROOT, "benchmarks", "weak_scaling.py"), "--rounds", "1",

@@ -36,6 +36,15 @@ def test_survivors_shrink_restore_the_last_commit_and_finish_identically(mpirun,
 
 
 @pytest.mark.mpi
+def test_a_stopped_rank_is_declared_dead_and_ended_so_the_job_finishes(mpirun):
+    job = mpirun(WORKER, n=3, args=["--lose-rank", 1, "--how", "stop"], fault_tolerant=True,
+                 check=False, timeout=150)
+    survivors = _survivors(job, 2)
+    assert all(out["size"] == 2 and out["epoch"] == 2 for out in survivors)
+    assert "which MPI declared dead but still ran" in job.output
+
+
+@pytest.mark.mpi
 def test_a_gan_keeps_both_models_and_both_optimizers_through_a_lost_rank(mpirun):
     job = mpirun("elastic_gan.py", n=3, fault_tolerant=True, check=False, timeout=180)
     survivors = _survivors(job, 2)
@@ -56,11 +65,13 @@ def test_a_job_that_loses_no_rank_trains_as_usual(mpirun):
 
 
 @pytest.mark.mpi
-def test_an_ordinary_exception_still_ends_the_elastic_job_with_its_message(mpirun):
-    job = mpirun(WORKER, n=2, args=["--lose-rank", 1, "--how", "raise"], fault_tolerant=True,
+def test_an_ordinary_exception_ends_the_elastic_job_on_every_rank_with_its_message(mpirun):
+    job = mpirun(WORKER, n=3, args=["--lose-rank", 1, "--how", "raise"], fault_tolerant=True,
                  check=False, timeout=120)
     assert job.returncode != 0 and not job.results
     assert "uncaught ValueError on rank 1: a bug on one rank" in job.output
+    # The others learn of it together instead of carrying on without rank 1.
+    assert "rank 1 failed (ValueError: a bug on one rank); ending the job" in job.output
 
 
 @pytest.mark.mpi

@@ -10,6 +10,9 @@ them kdist's world.
 """
 
 import logging
+import os
+import signal
+import socket
 
 from kdist.comm import ending, processes
 
@@ -73,6 +76,69 @@ def caused_by_lost_ranks(error):
             or lost_ranks() > 0)
 
 
+# World rank -> (host, pid, process start time): to stop ranks declared dead.
+_processes = {}
+
+
+def _start_time(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as stream:
+            return stream.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def remember_processes():
+    """Records where every rank of the world runs (collective over kdist's world)."""
+    world = processes.world()
+    if world.mpi is None or world.size == 1 or not ending.fault_tolerant():
+        return
+    from mpi4py import MPI
+
+    me = (MPI.COMM_WORLD.Get_rank(), socket.gethostname(), os.getpid(), _start_time(os.getpid()))
+    for rank, host, pid, started in world.allgather_object(me):
+        _processes.setdefault(rank, (host, pid, started))
+
+
+def _failed_world_ranks(comm):
+    from mpi4py import MPI
+
+    group = comm.Get_failed()
+    try:
+        if group.Get_size() == 0:
+            return []
+        world = MPI.COMM_WORLD.Get_group()
+        ranks = MPI.Group.Translate_ranks(group, list(range(group.Get_size())), world)
+        world.Free()
+        return [r for r in ranks if r != MPI.UNDEFINED]
+    finally:
+        group.Free()
+
+
+def _stop_for_good(world_ranks):
+    """Kills processes MPI declared dead that still run on this host.
+
+    MPI's failure detector declares a rank dead when it stops answering: a
+    process stopped by a signal, or stuck outside MPI, is declared dead while
+    it still exists. The launcher would wait for it forever, and it could wake
+    up and talk to a world that moved on; so the survivors on its host end it.
+    """
+    host = socket.gethostname()
+    for rank in world_ranks:
+        known = _processes.get(rank)
+        if known is None or known[0] != host:
+            continue
+        _, pid, started = known
+        if started is None or _start_time(pid) != started:
+            continue  # gone, or the number now belongs to another process
+        try:
+            os.kill(pid, signal.SIGKILL)
+            logger.warning("ended rank %d (pid %d), which MPI declared dead but still ran",
+                           rank, pid)
+        except OSError:
+            pass
+
+
 def revoke():
     """Makes every pending and later collective on kdist's world fail on every rank."""
     comm = processes.world().mpi
@@ -110,6 +176,9 @@ def shrink_world():
     revoke()
     # Blocking: Open MPI's Ishrink fails with an internal error.
     survivors = world.mpi.Shrink()
+    _stop_for_good(_failed_world_ranks(world.mpi))
     processes.replace_world(survivors)
-    logger.warning("%d rank(s) lost; carrying on with %d.", old_size - world.size, world.size)
+    if world.size < old_size:
+        logger.warning("%d rank(s) lost; carrying on with %d.", old_size - world.size,
+                       world.size)
     return old_size, world.size

@@ -2,6 +2,8 @@
 
 import keras
 
+from kdist.callbacks import _sync
+
 
 class CommitStateCallback(keras.callbacks.Callback):
     """Commits `state` every `batches_per_commit` batches and after each epoch.
@@ -96,7 +98,8 @@ class UpdateEpochStateCallback(keras.callbacks.Callback):
     """Keeps `state.epoch`, the epochs finished over every `fit` of the job.
 
     Keras counts the epochs of each `fit` from 0; the state counts across
-    resets, so a script passes `epochs=total - state.epoch`.
+    resets, so a script passes `epochs=total - state.epoch`. At each epoch's
+    end the ranks meet (`kdist.join`), so shards of different lengths are fine.
     """
 
     def __init__(self, state):
@@ -108,10 +111,14 @@ class UpdateEpochStateCallback(keras.callbacks.Callback):
     def on_train_begin(self, logs=None):
         self._start = int(getattr(self.state, "epoch", 0) or 0)
         self._first = None
+        _sync.forget(self.model)  # a fit after a reset counts its epochs from 0 again
 
     def on_epoch_begin(self, epoch, logs=None):
         if self._first is None:
             self._first = epoch  # 0, or initial_epoch
 
     def on_epoch_end(self, epoch, logs=None):
+        # Ranks with fewer batches wait here for the others (kdist.join), so that
+        # every rank starts the next epoch, or the end of training, together.
+        _sync.join_once(self.model, epoch)
         self.state.epoch = self._start + epoch - self._first + 1

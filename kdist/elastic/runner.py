@@ -41,7 +41,8 @@ def run(func=None, *, min_size=None):
     left, make them kdist's world (ranks and size change), go back to the
     last commit (`state.restore()`), call the state's reset callbacks, and
     call `func` again. A rank that raises `FatalToThisRank` leaves and the
-    others carry on. Any other exception ends the job as usual.
+    others carry on. Any other exception ends the job, on every rank, with its
+    message.
 
     Needs a fault-tolerant launch (`kdist run --elastic`); elsewhere a rank
     that dies still ends the job. Fewer than `min_size` survivors (default
@@ -71,6 +72,7 @@ def run(func=None, *, min_size=None):
         if world.size > 1 and not ending.fault_tolerant():
             logger.warning("kdist.elastic.run: this job was not started fault-tolerant "
                            "(kdist run --elastic), so a rank that dies ends it.")
+        recovery.remember_processes()
         reset = False
         while True:
             if reset:
@@ -85,9 +87,13 @@ def run(func=None, *, min_size=None):
             except HostsUpdatedInterrupt:
                 pass
             except Exception as error:
-                if not recovery.caused_by_lost_ranks(error):
+                lost = recovery.caused_by_lost_ranks(error)
+                if not lost and (world.size == 1 or not ending.fault_tolerant()):
                     raise
+                # A bug on one rank: revoking and shrinking with the others brings
+                # them out of the collectives they wait in, to end the job together.
                 recovery.shrink_world()
+                _end_if_any_rank_failed(None if lost else error, world)
                 if world.size < fewest:
                     raise RuntimeError(
                         f"Only {world.size} rank(s) are left, fewer than the {fewest} this "
@@ -96,6 +102,23 @@ def run(func=None, *, min_size=None):
             reset = True
 
     return wrapper
+
+
+def _end_if_any_rank_failed(error, world):
+    """Re-raises `error` here and raises on every other rank if any rank had one.
+
+    Collective over the (shrunk) world. Without it the others would take the
+    failing rank's end for a death and carry on without it, or not, depending
+    on which was quicker: the launcher or their recovery.
+    """
+    reports = world.allgather_object(None if error is None
+                                     else f"{type(error).__name__}: {error}")
+    if error is not None:
+        raise error
+    failed = [(rank, text) for rank, text in enumerate(reports) if text is not None]
+    if failed:
+        rank, text = failed[0]
+        raise RuntimeError(f"rank {rank} failed ({text}); ending the job on every rank.")
 
 
 def _leave(error):

@@ -1,6 +1,6 @@
 """Elastic training on the digits data; one rank dies or leaves at a chosen batch.
 
-    elastic_train.py [--lose-rank R] [--at-batch B] [--how kill|leave|raise]
+    elastic_train.py [--lose-rank R] [--at-batch B] [--how kill|stop|leave|raise]
                      [--epochs E] [--commit-every C]
 
 Each survivor reports its final size, epoch counter, sizes seen by the reset
@@ -21,7 +21,7 @@ from workers.common import flat_weights, report
 parser = argparse.ArgumentParser()
 parser.add_argument("--lose-rank", type=int, default=-1)
 parser.add_argument("--at-batch", type=int, default=10)
-parser.add_argument("--how", choices=("kill", "leave", "raise"), default="kill")
+parser.add_argument("--how", choices=("kill", "stop", "leave", "raise"), default="kill")
 parser.add_argument("--epochs", type=int, default=2)
 parser.add_argument("--commit-every", type=int, default=4)
 parser.add_argument("--path", choices=("optimizer", "strategy"), default="optimizer")
@@ -68,6 +68,8 @@ class LoseOneRank(keras.callbacks.Callback):
             return
         if args.how == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
+        if args.how == "stop":
+            os.kill(os.getpid(), signal.SIGSTOP)
         if args.how == "leave":
             raise kdist.elastic.FatalToThisRank("this rank's device is gone")
         raise ValueError("a bug on one rank")
