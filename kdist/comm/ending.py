@@ -34,7 +34,8 @@ def install():
         atexit.register(leave_if_ranks_died)
 
 
-def _dead_ranks(comm):
+def dead_ranks(comm):
+    """How many ranks of `comm` this process knows to have died (MPI_Comm_get_failed)."""
     group = comm.Get_failed()
     try:
         return group.Get_size()
@@ -58,7 +59,7 @@ def leave_if_ranks_died(timeout=None):
         return
     world = MPI.COMM_WORLD
     try:
-        if _dead_ranks(world) == 0:
+        if dead_ranks(world) == 0:
             return
     except MPI.Exception:
         return

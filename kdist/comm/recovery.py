@@ -20,8 +20,7 @@ logger = logging.getLogger(__name__)
 
 # Words of Open MPI's error strings for its fault-tolerance error classes, as
 # they reach Python through TensorFlow's op errors.
-_FAILURE_WORDS = ("MPI_ERR_PROC_FAILED", "MPI_ERR_REVOKED", "PROC_FAILED", "REVOKED",
-                  "Process Failure", "communicator was revoked")
+_FAILURE_WORDS = ("PROC_FAILED", "REVOKED", "Process Failure", "communicator was revoked")
 
 
 class RanksLost(RuntimeError):
@@ -39,13 +38,9 @@ def lost_ranks():
     if comm is None:
         return 0
     try:
-        group = comm.Get_failed()
+        return ending.dead_ranks(comm)
     except (AttributeError, NotImplementedError):
         return 0
-    try:
-        return group.Get_size()
-    finally:
-        group.Free()
 
 
 def _revoked(comm):

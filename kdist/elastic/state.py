@@ -11,7 +11,8 @@ class HostsUpdatedInterrupt(RuntimeError):
     """Raised by `State.commit` when the job's membership is about to change.
 
     `kdist.elastic.run` catches it, resets and goes on without restoring
-    (nothing was lost). kdist raises it when a rank asks to leave.
+    (nothing was lost). kdist itself never raises it (it learns of lost ranks
+    from MPI); a `State` subclass may, from `commit`, to make every rank reset.
     """
 
 
