@@ -59,8 +59,14 @@ def main(argv):
     if not command:
         sys.stderr.write("usage: _prefix.py -- COMMAND [ARGS]\n")
         return 2
-    rank = next((os.environ[v] for v in RANK_VARIABLES if v in os.environ), "0")
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    # A rank spawned to replace a lost one is rank 0 of its own MPI job; its
+    # rank in the job it joins comes in KDIST_RANK_TAG.
+    rank = next((os.environ[v] for v in ("KDIST_RANK_TAG",) + RANK_VARIABLES
+                 if v in os.environ), "0")
+    # So that an elastic job can start its replacements through this wrapper too.
+    env = dict(os.environ, KDIST_PREFIXER=os.path.abspath(__file__))
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               env=env)
     relay(process.stdout.fileno(), f"[{rank}] ".encode(), sys.stdout.buffer)
     code = process.wait()
     if code < 0:

@@ -66,7 +66,7 @@ def mpiexec_command(nprocs, command, mpiexec=None, extra=(), fault_tolerant=Fals
             # Containers and CI often run as root; Open MPI refuses that unless told.
             env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
             env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-        if nprocs > (os.cpu_count() or 1):
+        if nprocs > (os.cpu_count() or 1) and "--oversubscribe" not in extra:
             argv.append("--oversubscribe")
         if fault_tolerant:
             argv += FAULT_TOLERANCE_ARGS
@@ -100,15 +100,27 @@ def _run(args, verb="run"):
     if min_np is not None and not 1 <= min_np <= args.n:
         raise SystemExit(f"kdist {verb}: --min-np must lie between 1 and -n ({args.n}); got "
                          f"{min_np}.")
+    max_np = getattr(args, "max_np", None)
+    if max_np is not None and not elastic:
+        raise SystemExit(f"kdist {verb}: --max-np needs --elastic.")
+    if max_np is not None and max_np < max(args.n, min_np or 1):
+        raise SystemExit(f"kdist {verb}: --max-np must be at least -n ({args.n}) and "
+                         f"--min-np; got {max_np}.")
     command = _user_command(args, verb)
     if not args.no_prefix:
         # Run as a file, not `-m kdist...`, so the wrapper does not import TensorFlow.
         command = [sys.executable, os.path.join(os.path.dirname(__file__), "_prefix.py"),
                    "--"] + command
     extra = shlex.split(args.mpi_args)
+    cores = os.cpu_count() or 1
+    elsewhere = any(flag in args.mpi_args for flag in ("-host", "--host", "hostfile", "-H "))
     if elastic:
         # Passed on to ranks on other nodes too.
-        extra = ["-x", "KDIST_ELASTIC_MIN_NP"] + extra
+        extra = ["-x", "KDIST_ELASTIC_MIN_NP", "-x", "KDIST_ELASTIC_MAX_NP"] + extra
+        if max_np is not None and not elsewhere and args.n <= cores:
+            # Open MPI does not give a dead rank's slot back, so on this machine
+            # its replacement needs leave to share a core.
+            extra = ["--oversubscribe"] + extra
     try:
         argv, env = mpiexec_command(
             args.n, command, extra=extra,
@@ -117,11 +129,10 @@ def _run(args, verb="run"):
         raise SystemExit(f"kdist {verb}: {error}")
     if elastic:
         env["KDIST_ELASTIC_MIN_NP"] = str(min_np or 1)
+        env["KDIST_ELASTIC_MAX_NP"] = "" if max_np is None else str(max_np)
     env.setdefault("PYTHONUNBUFFERED", "1")
     if args.verbose:
         print(f"kdist {verb}:", " ".join(argv), file=sys.stderr)
-    cores = os.cpu_count() or 1
-    elsewhere = any(flag in args.mpi_args for flag in ("-host", "--host", "hostfile", "-H "))
     if args.n > cores and not elsewhere:
         print(f"kdist {verb}: {args.n} ranks on {cores} core(s): ranks share cores, so each "
               "step takes about ranks/cores times longer (`kdist run -n N -- python -m "
@@ -292,6 +303,10 @@ def build_parser():
     run.add_argument("--min-np", type=int, default=None,
                      help="with --elastic: end the job when fewer ranks than this are left "
                           "(default 1)")
+    run.add_argument("--max-np", type=int, default=None,
+                     help="with --elastic: after ranks die, start new ones running the same "
+                          "script until the job has this many again (default: do not "
+                          "replace them)")
     _add_launch_arguments(run, "ranks")
     run.set_defaults(func=_run)
     launch = sub.add_parser(

@@ -152,7 +152,9 @@ class Checkpoint(keras.callbacks.Callback):
     complete or absent). When training begins, rank 0 looks for the newest
     checkpoint; if there is one, it is loaded and broadcast to every rank and
     `fit` continues with the next epoch. Rerunning the same command therefore
-    resumes an interrupted run.
+    resumes an interrupted run. Inside `kdist.elastic.run`, once ranks were
+    lost or replaced, training goes on from the last commit in memory instead
+    and the disk is only written.
 
     Values are matched to variables by path (`variable.path`, such as
     "sequential/dense/kernel" or "adam/iteration"), so a model that creates
@@ -183,6 +185,10 @@ class Checkpoint(keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None):
         _sync.forget(self.model)
+        if processes.world_generation() > 0:
+            # An elastic job that lost or gained ranks: its last commit, already
+            # in memory on every rank, is newer than anything on disk.
+            return
         path = latest_checkpoint(self.directory) if processes.rank() == 0 else None
         epoch = saved_epoch(path) if path is not None else None
         path, epoch = collectives.broadcast_object((path, epoch), root_rank=0)

@@ -52,14 +52,20 @@ def intra_op_threads(local_core_sets, environ=None, local_rank=0):
     return max(1, len(union) // len(sets))
 
 
-def configure(local):
-    """Gives this rank its share of the node's cores and its own GPU, if any."""
+def configure(local, ask_others=True):
+    """Gives this rank its share of the node's cores and its own GPU, if any.
+
+    Collective over `local` unless `ask_others` is False: then this rank takes
+    the others on its node to be allowed the cores it is allowed.
+    """
     import tensorflow as tf
 
     local_rank, local_size = local.rank, local.size
     if local_size > 1 or user_threads() is not None:
-        threads = intra_op_threads(local.allgather_object(allowed_cores()),
-                                   local_rank=local_rank)
+        mine = allowed_cores()
+        core_sets = (local.allgather_object(mine) if ask_others
+                     else [mine] * local_size)
+        threads = intra_op_threads(core_sets, local_rank=local_rank)
         try:
             if tf.config.threading.get_intra_op_parallelism_threads() == 0:
                 tf.config.threading.set_intra_op_parallelism_threads(threads)

@@ -12,6 +12,11 @@ default 30) and then leaves without `MPI_Finalize`, with status 0.
 Leaving early is not an option on its own: the launcher ends the whole job
 when the first survivor exits without finalizing, killing survivors that
 were still writing their results.
+
+A job that grew (survivors spawned replacements for lost ranks) spans
+several MPI jobs; all its processes meet on kdist's world first. Then the
+survivors leave as above, and the replacements, whose own MPI job lost no
+rank, end with `MPI_Finalize` as their launcher expects.
 """
 
 import atexit
@@ -26,6 +31,15 @@ logger = logging.getLogger(__name__)
 def fault_tolerant():
     """Whether this process runs under Open MPI's fault tolerance."""
     return os.environ.get("OMPI_MCA_mpi_ft_enable", "").lower() in ("1", "true", "yes")
+
+
+_joined = False
+
+
+def mark_joined():
+    """Records that kdist's world now spans processes of more than one MPI job."""
+    global _joined
+    _joined = True
 
 
 def install():
@@ -52,17 +66,24 @@ def _wait(request, deadline):
 
 
 def leave_if_ranks_died(timeout=None):
-    """Ends this process without `MPI_Finalize` if some rank of the world died."""
+    """Ends this process without `MPI_Finalize` if some rank of the world died
+    or the world grew."""
     from mpi4py import MPI
 
     if not MPI.Is_initialized() or MPI.Is_finalized():
         return
     world = MPI.COMM_WORLD
     try:
-        if dead_ranks(world) == 0:
-            return
+        lost_own = dead_ranks(world) > 0
     except MPI.Exception:
+        lost_own = False
+    if not (lost_own or _joined):
         return
+    if _joined:
+        from kdist.comm import processes
+
+        # Every process still in the job, whichever MPI job started it.
+        world = processes.world().mpi
     if timeout is None:
         timeout = float(os.environ.get("KDIST_EXIT_TIMEOUT", "30"))
     deadline = time.monotonic() + timeout
@@ -77,6 +98,11 @@ def leave_if_ranks_died(timeout=None):
         # A rank that died meanwhile; the others are on their way out too.
         logger.warning("Meeting the other surviving ranks at the end failed (%s); leaving "
                        "anyway.", error)
+    if not lost_own:
+        # This process's own MPI job (replacements spawned together) lost no
+        # rank: its launcher expects MPI_Finalize, which no longer waits for
+        # anyone once the others met it here.
+        return
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()

@@ -60,6 +60,10 @@ class _World:
         self.cross = None
         self.watch = None
         self.thread_level = None
+        # How many times the world changed since this process started (ranks
+        # lost or replaced); a process that joined a running job starts at 1.
+        self.generation = 0
+        self.joined_late = False
         self.lock = threading.Lock()
 
 
@@ -116,13 +120,20 @@ def init(comm=None, process_sets=None):
                 _register(process_sets)
             return
         mpi_comm = None
+        joining = False
         if comm is not None or launched_by_mpi():
             # Before MPI starts: under fault tolerance, a rank that makes no MPI
             # call for a few seconds (TensorFlow's import takes that) is taken for dead.
             import tensorflow  # noqa: F401
 
             MPI = _import_mpi()
-            if comm is None:
+            joining = comm is None and _replacement_for_a_lost_rank(MPI)
+            if joining:
+                # Started by the survivors of an elastic job (see
+                # kdist.comm.recovery.grow_world): their world and this process
+                # become one, and this process takes the highest rank.
+                mpi_comm = MPI.Comm.Get_parent().Merge(high=True)
+            elif comm is None:
                 mpi_comm = MPI.COMM_WORLD
             elif isinstance(comm, (list, tuple)):
                 # Every process of the job must take part in creating the group.
@@ -135,7 +146,7 @@ def init(comm=None, process_sets=None):
                         "processes may use kdist.")
             else:
                 mpi_comm = comm
-            if comm is None:
+            if comm is None and not joining:
                 _check_not_a_lonely_task(mpi_comm.Get_size())
             _state.thread_level = _check_thread_level()
             # kdist's own copy: its messages never match a script's own MPI traffic.
@@ -157,12 +168,18 @@ def init(comm=None, process_sets=None):
     watchdog.install_failure_handlers()
     if mpi_comm is not None:
         ending.install()
+        if joining:
+            ending.mark_joined()
+            _state.generation = 1
+            _state.joined_late = True
     _configure_logging()
     if world.size > 1:
         watchdog.start_monitor(world, _state.watch)
     from kdist.comm import devices
 
-    devices.configure(local)
+    # The ranks this one replaces configured themselves long ago; they do not
+    # take part in a second exchange of core sets.
+    devices.configure(local, ask_others=not joining)
     if process_sets:
         _register(process_sets)
     from kdist.comm import timeline
@@ -171,6 +188,17 @@ def init(comm=None, process_sets=None):
     if world.size > 1:
         logger.debug("kdist started: rank %d of %d (local %d of %d)",
                      world.rank, world.size, local.rank, local.size)
+
+
+REPLACEMENT_VARIABLE = "KDIST_ELASTIC_REPLACEMENT"
+
+
+def _replacement_for_a_lost_rank(MPI, environ=None):
+    """Whether survivors of an elastic job spawned this process to replace a lost rank."""
+    environ = os.environ if environ is None else environ
+    if environ.get(REPLACEMENT_VARIABLE, "") in ("", "0"):
+        return False
+    return MPI.Comm.Get_parent() != MPI.COMM_NULL
 
 
 def _register(process_sets):
@@ -243,6 +271,7 @@ def replace_world(mpi_comm):
             raise RuntimeError("kdist's world can be replaced only in a job started by an "
                                "MPI launcher, after kdist.init().")
         world = _state.world
+        _state.generation += 1
         world.adopt(mpi_comm)
         _state.local.adopt(mpi_comm.Split_type(MPI.COMM_TYPE_SHARED, key=world.rank))
         _state.cross.adopt(mpi_comm.Split(_state.local.rank, world.rank))
@@ -269,6 +298,17 @@ def shutdown():
             _state.watch.Free()
         _state.world = _state.local = _state.cross = _state.watch = None
         _state.initialized = False
+
+
+def world_generation():
+    """0 while the world is the one the job started with; larger once an
+    elastic job lost or replaced ranks (or this process joined it late)."""
+    return _state.generation
+
+
+def joined_late():
+    """Whether this process was started to replace a lost rank of a running job."""
+    return _state.joined_late
 
 
 def is_initialized():

@@ -71,7 +71,7 @@ def caused_by_lost_ranks(error):
             or lost_ranks() > 0)
 
 
-# World rank -> (host, pid, process start time): to stop ranks declared dead.
+# kdist world rank -> (host, pid, process start time): to stop ranks declared dead.
 _processes = {}
 
 
@@ -84,33 +84,36 @@ def _start_time(pid):
 
 
 def remember_processes():
-    """Records where every rank of the world runs (collective over kdist's world)."""
+    """Records where every rank of kdist's world runs (collective over it).
+
+    Called again whenever the world changed: the ranks are kdist's, which
+    stay meaningful across the MPI jobs of a world that grew.
+    """
     world = processes.world()
     if world.mpi is None or world.size == 1 or not ending.fault_tolerant():
         return
-    from mpi4py import MPI
-
-    me = (MPI.COMM_WORLD.Get_rank(), socket.gethostname(), os.getpid(), _start_time(os.getpid()))
-    for rank, host, pid, started in world.allgather_object(me):
-        _processes.setdefault(rank, (host, pid, started))
+    me = (socket.gethostname(), os.getpid(), _start_time(os.getpid()))
+    _processes.clear()
+    _processes.update(enumerate(world.allgather_object(me)))
 
 
-def _failed_world_ranks(comm):
+def _failed_ranks(comm):
+    """The ranks of `comm` that MPI knows to have died."""
     from mpi4py import MPI
 
     group = comm.Get_failed()
     try:
         if group.Get_size() == 0:
             return []
-        world = MPI.COMM_WORLD.Get_group()
-        ranks = MPI.Group.Translate_ranks(group, list(range(group.Get_size())), world)
-        world.Free()
+        mine = comm.Get_group()
+        ranks = MPI.Group.Translate_ranks(group, list(range(group.Get_size())), mine)
+        mine.Free()
         return [r for r in ranks if r != MPI.UNDEFINED]
     finally:
         group.Free()
 
 
-def _stop_for_good(world_ranks):
+def _stop_for_good(ranks):
     """Kills processes MPI declared dead that still run on this host.
 
     MPI's failure detector declares a rank dead when it stops answering: a
@@ -119,7 +122,7 @@ def _stop_for_good(world_ranks):
     up and talk to a world that moved on; so the survivors on its host end it.
     """
     host = socket.gethostname()
-    for rank in world_ranks:
+    for rank in ranks:
         known = _processes.get(rank)
         if known is None or known[0] != host:
             continue
@@ -171,9 +174,68 @@ def shrink_world():
     revoke()
     # Blocking: Open MPI's Ishrink fails with an internal error.
     survivors = world.mpi.Shrink()
-    _stop_for_good(_failed_world_ranks(world.mpi))
+    _stop_for_good(_failed_ranks(world.mpi))
     processes.replace_world(survivors)
     if world.size < old_size:
         logger.warning("%d rank(s) lost; carrying on with %d.", old_size - world.size,
                        world.size)
     return old_size, world.size
+
+
+def spawn_command(environ=None):
+    """The command line that starts this rank's program again: (executable, args).
+
+    Under `kdist run`'s output prefixer the replacement is wrapped the same way.
+    """
+    import sys
+
+    environ = os.environ if environ is None else environ
+    args = list(sys.orig_argv[1:])
+    prefixer = environ.get("KDIST_PREFIXER")
+    if prefixer:
+        args = [prefixer, "--", sys.executable] + args
+    return sys.executable, args
+
+
+def grow_world(target):
+    """Spawns processes that run this program until kdist's world has `target`
+    ranks; returns the new size. Collective over kdist's world.
+
+    The new processes join the world in `kdist.init()` and take the highest
+    ranks; the others keep theirs. When MPI cannot start them (no free slots,
+    a launcher without dynamic processes) the world stays as it is, with a
+    warning.
+    """
+    from mpi4py import MPI
+
+    world = processes.world()
+    missing = target - world.size
+    if missing <= 0 or world.mpi is None:
+        return world.size
+    executable, args = spawn_command()
+    infos = []
+    for offset in range(missing):
+        info = MPI.Info.Create()
+        info.Set("wdir", os.getcwd())
+        # Like the job it joins: a rank that dies does not end the others.
+        info.Set("PMIX_JOB_RECOVERABLE", "true")
+        info.Set("PMIX_ENVAR", f"{processes.REPLACEMENT_VARIABLE}=1\n"
+                               f"KDIST_RANK_TAG={world.size + offset}")
+        infos.append(info)
+    try:
+        joined = world.mpi.Spawn_multiple([executable] * missing, [args] * missing,
+                                          [1] * missing, infos, root=0)
+    except MPI.Exception as error:
+        logger.warning("Could not start %d rank(s) to replace the lost ones (%s); carrying "
+                       "on with %d.", missing, error, world.size)
+        return world.size
+    finally:
+        for info in infos:
+            info.Free()
+    # Merge, then a copy of its own: the same steps as kdist.init() on the new ranks.
+    merged = joined.Merge(high=False)
+    ending.mark_joined()
+    processes.replace_world(merged.Dup())
+    logger.warning("started %d rank(s) to replace lost ones; carrying on with %d.",
+                   missing, world.size)
+    return world.size

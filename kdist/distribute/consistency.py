@@ -17,13 +17,15 @@ import weakref
 import numpy as np
 import tensorflow as tf
 
-from kdist.comm import collectives
+from kdist.comm import collectives, processes
 
 logger = logging.getLogger(__name__)
 
 _hooks = weakref.WeakKeyDictionary()  # optimizer -> callables to run before its first update
 _excluded = weakref.WeakKeyDictionary()  # optimizer -> ids of variables ranks keep to themselves
-_checked = weakref.WeakSet()
+# optimizer -> the world generation it was checked in: an elastic job that
+# lost or gained ranks checks again, on every rank, the newcomers included.
+_checked = weakref.WeakKeyDictionary()
 
 
 def before_first_update(optimizer, hook):
@@ -54,7 +56,7 @@ def first_update(optimizer, variables, comm):
     Called from the optimizer's `apply`; returns quietly while the variables
     are not initialised yet (TensorFlow then traces the step again).
     """
-    if optimizer in _checked:
+    if _checked.get(optimizer) == processes.world_generation():
         return
     excluded = _excluded.get(optimizer, ())
     variables = [v for v in variables if id(v) not in excluded]
@@ -68,7 +70,7 @@ def first_update(optimizer, variables, comm):
                 "Add kdist.callbacks.BroadcastGlobalVariablesCallback(0) to fit's callbacks, "
                 "call kdist.broadcast_variables(model.variables, root_rank=0) once the model "
                 "is built, or give every rank the same seed."))
-    _checked.add(optimizer)
+    _checked[optimizer] = processes.world_generation()
 
 
 def fingerprint(v):

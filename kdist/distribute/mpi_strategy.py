@@ -110,7 +110,8 @@ class _MPIExtended(one_device_strategy.OneDeviceExtended):
         self._mean = TensorReducer(comm, compression, average=True, bucket_bytes=bucket_bytes,
                                    name="kdist_strategy")
         self._created = []  # weak references to the mirrored variables, in creation order
-        self._model_checked = False
+        # The world generation the model was checked in (see _check_same_model).
+        self._model_checked = None
 
     # -- replicas -------------------------------------------------------------
 
@@ -123,7 +124,7 @@ class _MPIExtended(one_device_strategy.OneDeviceExtended):
         return 0
 
     def _call_for_each_replica(self, fn, args, kwargs):
-        if not self._model_checked and self.comm.size > 1:
+        if self._model_checked != processes.world_generation() and self.comm.size > 1:
             self._check_same_model()
         strategy = self._container_strategy()
         with tf.device(self._device), _MPIReplicaContext(strategy, self.comm.rank):
@@ -148,7 +149,8 @@ class _MPIExtended(one_device_strategy.OneDeviceExtended):
         with tf.init_scope():
             consistency.check_identical(variables, self.comm, advice=(
                 "Build and compile the same model on every rank, inside strategy.scope()."))
-        self._model_checked = True
+        # Checked again, on every rank, when an elastic job's world changes.
+        self._model_checked = processes.world_generation()
 
     def _all_ranks_true(self, flag):
         votes = collectives.allreduce(tf.cast(flag, tf.int32), op=processes.Min, comm=self.comm,
@@ -175,7 +177,11 @@ class _MPIExtended(one_device_strategy.OneDeviceExtended):
                 self._container_strategy(), create_local,
                 {tf.VariableSynchronization.ON_READ: tf_values.SyncOnReadVariable}, {},
                 **kwargs)
-        if self.comm.size > 1:
+        # Once an elastic job's world changed, ranks create variables at
+        # different times (a replacement builds its whole model while the
+        # others wait for it); kdist.elastic's state sync then gives every
+        # rank rank 0's values instead.
+        if self.comm.size > 1 and processes.world_generation() == 0:
             kwargs["initial_value"] = self._broadcast_initial_value(
                 kwargs.get("initial_value"), kwargs.get("dtype"), kwargs.get("name"))
         variable = super()._create_variable(next_creator, **kwargs)

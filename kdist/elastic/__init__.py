@@ -15,7 +15,8 @@ let the callbacks commit it:
 
     train(state)
 
-Start it with `kdist run --elastic -n 3 script.py`. See docs/elastic.md.
+Start it with `kdist run --elastic -n 3 script.py` (add `--max-np 3` to
+replace lost ranks with new processes). See docs/elastic.md.
 """
 
 from kdist.comm.recovery import RanksLost
@@ -24,7 +25,7 @@ from kdist.elastic.callbacks import (
     UpdateBatchStateCallback,
     UpdateEpochStateCallback,
 )
-from kdist.elastic.runner import FatalToThisRank, run
+from kdist.elastic.runner import FatalToThisRank, is_replacement, run
 from kdist.elastic.state import HostsUpdatedInterrupt, KerasState, ObjectState, State
 
 # Horovod's name for the error a lost rank causes.
@@ -41,5 +42,6 @@ __all__ = [
     "State",
     "UpdateBatchStateCallback",
     "UpdateEpochStateCallback",
+    "is_replacement",
     "run",
 ]

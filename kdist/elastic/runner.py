@@ -18,6 +18,21 @@ class FatalToThisRank(Exception):
     without it, as if it had died."""
 
 
+def is_replacement():
+    """True in a process that the survivors of an elastic job started to
+    replace a lost rank (`kdist run --elastic --max-np`); False in the ranks
+    the job started with. Call it after `kdist.init()`.
+
+    Example:
+
+    >>> import kdist
+    >>> kdist.init()
+    >>> kdist.elastic.is_replacement()
+    False
+    """
+    return processes.joined_late()
+
+
 def min_ranks(min_size=None, environ=None):
     """The fewest ranks the job may shrink to: `min_size`, else
     `KDIST_ELASTIC_MIN_NP` (set by `kdist run --elastic --min-np`), else 1."""
@@ -33,7 +48,25 @@ def min_ranks(min_size=None, environ=None):
     return number
 
 
-def run(func=None, *, min_size=None):
+def max_ranks(max_size=None, environ=None):
+    """The most ranks the job brings itself back to after losing some:
+    `max_size`, else `KDIST_ELASTIC_MAX_NP` (set by `kdist run --elastic
+    --max-np`), else None (lost ranks are not replaced)."""
+    environ = os.environ if environ is None else environ
+    value = max_size if max_size is not None else environ.get("KDIST_ELASTIC_MAX_NP")
+    if value in (None, ""):
+        return None
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"The maximum number of ranks must be a whole number; got "
+                         f"{value!r}.") from None
+    if number < 1:
+        raise ValueError(f"The maximum number of ranks must be at least 1; got {number}.")
+    return number
+
+
+def run(func=None, *, min_size=None, max_size=None):
     """Decorates `func(state, ...)` so that training carries on when ranks die.
 
     Before each attempt every rank takes rank 0's state (`state.sync()`).
@@ -44,8 +77,15 @@ def run(func=None, *, min_size=None):
     others carry on. Any other exception ends the job, on every rank, with its
     message.
 
+    With `max_size` (default `KDIST_ELASTIC_MAX_NP`, from `kdist run
+    --elastic --max-np`), the survivors then start new processes running the
+    same script, up to `max_size` ranks in all, as far as MPI finds slots for
+    them. A new process joins the world in `kdist.init()`, builds its model,
+    and receives the state by broadcast when it calls the decorated function;
+    so the script must reach that call without collectives of its own.
+
     Needs a fault-tolerant launch (`kdist run --elastic`); elsewhere a rank
-    that dies still ends the job. Fewer than `min_size` survivors (default
+    that dies still ends the job. Fewer than `min_size` ranks (default
     `KDIST_ELASTIC_MIN_NP`, else 1) end it too, with a message.
 
     Example:
@@ -60,8 +100,11 @@ def run(func=None, *, min_size=None):
     1
     """
     if func is None:
-        return functools.partial(run, min_size=min_size)
+        return functools.partial(run, min_size=min_size, max_size=max_size)
     fewest = min_ranks(min_size)
+    most = max_ranks(max_size)
+    if most is not None and most < fewest:
+        raise ValueError(f"max_size ({most}) is smaller than min_size ({fewest}).")
 
     @functools.wraps(func)
     def wrapper(state, *args, **kwargs):
@@ -72,11 +115,11 @@ def run(func=None, *, min_size=None):
         if world.size > 1 and not ending.fault_tolerant():
             logger.warning("kdist.elastic.run: this job was not started fault-tolerant "
                            "(kdist run --elastic), so a rank that dies ends it.")
-        recovery.remember_processes()
         reset = False
         while True:
             if reset:
                 state.on_reset()
+            recovery.remember_processes()
             state.sync()
             try:
                 result = func(state, *args, **kwargs)
@@ -94,6 +137,8 @@ def run(func=None, *, min_size=None):
                 # them out of the collectives they wait in, to end the job together.
                 recovery.shrink_world()
                 _end_if_any_rank_failed(None if lost else error, world)
+                if most is not None:
+                    recovery.grow_world(most)
                 if world.size < fewest:
                     raise RuntimeError(
                         f"Only {world.size} rank(s) are left, fewer than the {fewest} this "

@@ -115,7 +115,7 @@ class KerasState(ObjectState):
     >>> model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
     >>> model.compile(optimizer="sgd", loss="mse")
     >>> state = kdist.elastic.KerasState(model, epoch=0)
-    >>> model.layers[0].kernel.assign(model.layers[0].kernel * 0.0)
+    >>> _ = model.layers[0].kernel.assign(model.layers[0].kernel * 0.0)
     >>> state.restore()
     >>> bool(abs(model.layers[0].kernel.numpy()).sum() > 0)
     True
@@ -163,6 +163,7 @@ class KerasState(ObjectState):
     def sync(self):
         from kdist.comm import collectives
 
+        self._build_optimizers_like_rank_0()
         collectives.broadcast_variables(self.model.variables, root_rank=0)
         optimizer_variables = self._optimizer_variables()
         if optimizer_variables:
@@ -170,9 +171,38 @@ class KerasState(ObjectState):
         super().sync()
         self._save_variables()
 
+    def _build_optimizers_like_rank_0(self):
+        """A rank that joined late has not stepped yet, so its optimizers hold
+        no slots; it creates them before rank 0's values are broadcast into them."""
+        from kdist.comm import collectives
+
+        optimizers = self._optimizers()
+        built = collectives.broadcast_object([o.built for o in optimizers], root_rank=0)
+        if len(built) != len(optimizers):
+            raise RuntimeError(f"Rank 0 keeps {len(built)} optimizer(s) in its elastic state "
+                               f"but this rank keeps {len(optimizers)}.")
+        for optimizer, built_on_rank_0 in zip(optimizers, built):
+            if built_on_rank_0 and not optimizer.built:
+                with _strategy_scope(self.model):
+                    optimizer.build(self._trained_by(optimizer))
+
+    def _trained_by(self, optimizer):
+        """The variables `optimizer` updates: a GAN's half, else the model's."""
+        for half, name in (("discriminator", "d_optimizer"), ("generator", "g_optimizer")):
+            if getattr(self.model, name, None) is optimizer:
+                return getattr(self.model, half).trainable_variables
+        return self.model.trainable_variables
+
     def on_reset(self):
         _forget_compiled_functions(self.model, self._optimizers())
         super().on_reset()
+
+
+def _strategy_scope(model):
+    import contextlib
+
+    strategy = getattr(model, "_distribute_strategy", None)
+    return strategy.scope() if strategy is not None else contextlib.nullcontext()
 
 
 def _assign(variables, values, what):
