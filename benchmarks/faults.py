@@ -1,11 +1,13 @@
 """The fault-injection matrix: does every job end or carry on, and what does a fault cost?
 
-    python benchmarks/faults.py [--ranks 2,3,4] [--faults kill,stop,...] [--modes plain,elastic]
+    python benchmarks/faults.py [--ranks 2,3,4] [--faults kill,stop,...]
+        [--modes plain,elastic,replace]
         [--epochs 3] [--timeout 240] [--seed 0]
 
 For each fault, number of ranks and mode (`plain`: `DistributedOptimizer` with
 `kdist.callbacks.Checkpoint`, launched as usual; `elastic`: inside
-`kdist.elastic.run`, launched with `kdist run --elastic`), one job of
+`kdist.elastic.run`, launched with `kdist run --elastic`; `replace`: the same
+with `--max-np` equal to the ranks, so lost ranks are replaced), one job of
 `_fault_worker.py` runs with the fault injected on a random rank at a random
 batch (both drawn from `--seed`), next to a fault-free job of the same
 configuration. A plain job that a fault ended is then run again with the same
@@ -18,7 +20,8 @@ command, which resumes from its newest checkpoint. Per case:
 - `batches_lost`: batches rank 0 ran that the final model does not contain
   (run again after a restore, or after a resume from the last checkpoint);
 - `loss_gap`: final loss minus the fault-free job's (an elastic job ends on
-  fewer ranks, with a different global batch, so it need not be 0).
+  fewer ranks, with a different global batch, so it need not be 0);
+- `final_size`: the ranks that finished (a `replace` job should end whole).
 
 Prints one JSON object per case, then a summary line.
 """
@@ -44,6 +47,7 @@ FAULTS = ("kill", "stop", "raise", "leave", "overflow", "uneven", "kill_in_check
 APPLIES = {"plain": {"kill", "stop", "raise", "overflow", "uneven", "kill_in_checkpoint"},
            "elastic": {"kill", "stop", "raise", "leave", "overflow", "uneven",
                        "kill_in_commit"}}
+APPLIES["replace"] = APPLIES["elastic"]
 STEPS_PER_EPOCH_ONE_RANK = 113  # 1797 digits in batches of 16
 
 
@@ -54,11 +58,16 @@ def launch(ranks, mode, fault, victim, step, epochs, checkpoints, timeout):
     out = tempfile.mkdtemp(prefix="kdist-fault-")
     command = [sys.executable, "-u", WORKER, "--out", out, "--fault", fault, "--victim",
                str(victim), "--step", str(step), "--epochs", str(epochs)]
-    if mode == "elastic":
+    extra = []
+    if mode in ("elastic", "replace"):
         command.append("--elastic")
     elif checkpoints:
         command += ["--checkpoints", checkpoints]
-    argv, env = mpiexec_command(ranks, command, fault_tolerant=mode == "elastic")
+    if mode == "replace":
+        extra = ["--oversubscribe", "-x", "KDIST_ELASTIC_MAX_NP"]  # a dead rank keeps its slot
+    argv, env = mpiexec_command(ranks, command, extra=extra, fault_tolerant=mode != "plain")
+    if mode == "replace":
+        env["KDIST_ELASTIC_MAX_NP"] = str(ranks)
     env.update({"TF_CPP_MIN_LOG_LEVEL": "3", "KDIST_COLLECTIVE_TIMEOUT": "20",
                 "PYTHONPATH": os.pathsep.join([os.path.dirname(HERE),
                                               env.get("PYTHONPATH", "")])})
@@ -134,7 +143,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", default="2,3,4")
     parser.add_argument("--faults", default=",".join(FAULTS))
-    parser.add_argument("--modes", default="plain,elastic")
+    parser.add_argument("--modes", default="plain,elastic,replace")
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--timeout", type=float, default=240)
     parser.add_argument("--seed", type=int, default=0)

@@ -1,14 +1,17 @@
 """Elastic data-parallel training: the job carries on when a rank dies.
 
     kdist run --elastic -n 3 examples/elastic_digits.py --kill-rank 2
+    kdist run --elastic -n 3 --max-np 3 examples/elastic_digits.py --kill-rank 2
     kdist run --elastic -n 3 examples/elastic_digits.py      # then kill -9 one rank's PID
 
 A Horovod Elastic Keras script with `import kdist as hvd`. Each rank trains on
 its shard of scikit-learn's bundled digits and commits its state (model,
 optimizer, epoch and batch counters) every few batches. When a rank dies, the
 others agree on who is left, go back to the last commit, re-shard the data
-over the survivors, rescale the learning rate and carry on. Every rank prints
-its PID at the start, so you can kill one from another terminal.
+over the survivors, rescale the learning rate and carry on. With --max-np the
+survivors first start a new process in place of the dead one, which receives
+their state and trains on with them. Every rank prints its PID at the start,
+so you can kill one from another terminal.
 """
 
 import argparse
@@ -38,12 +41,15 @@ class KillOnce(keras.callbacks.Callback):
     def __init__(self, rank, epoch):
         super().__init__()
         self.rank, self.epoch = rank, epoch
+        # After the first loss the ranks are renumbered: another process may
+        # now hold `rank`, and it must live.
+        self.armed = not hvd.elastic.is_replacement()
 
     def on_epoch_begin(self, epoch, logs=None):
         self.current = epoch
 
     def on_train_batch_end(self, batch, logs=None):
-        if hvd.rank() == self.rank and self.current == self.epoch and batch == 10:
+        if self.armed and hvd.rank() == self.rank and self.current == self.epoch and batch == 10:
             print(f"rank {hvd.rank()}: killing myself (pid {os.getpid()})", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
 
@@ -51,7 +57,8 @@ class KillOnce(keras.callbacks.Callback):
 def main():
     args = parse_args()
     hvd.init()
-    print(f"rank {hvd.rank()} of {hvd.size()}: pid {os.getpid()}", flush=True)
+    joined = " (replacing a lost rank)" if hvd.elastic.is_replacement() else ""
+    print(f"rank {hvd.rank()} of {hvd.size()}: pid {os.getpid()}{joined}", flush=True)
     x, y = load_digits(return_X_y=True)
     x, y = (x / 16.0).astype("float32"), y.astype("int64")
 
@@ -76,7 +83,9 @@ def main():
                  hvd.elastic.UpdateBatchStateCallback(state),
                  hvd.elastic.UpdateEpochStateCallback(state)]
     if args.kill_rank is not None:
-        callbacks.append(KillOnce(args.kill_rank, epoch=1))
+        killer = KillOnce(args.kill_rank, epoch=1)
+        callbacks.append(killer)
+        state.register_reset_callbacks([lambda: setattr(killer, "armed", False)])
 
     @hvd.elastic.run
     def train(state):

@@ -62,7 +62,8 @@ def mpirun(mpiexec_path, tmp_path):
     """
     from kdist.cli import mpiexec_command
 
-    def run(script, n=2, args=(), timeout=180, check=True, env=None, fault_tolerant=False):
+    def run(script, n=2, args=(), timeout=180, check=True, env=None, fault_tolerant=False,
+            mpi_args=()):
         if "\n" in script or not script.endswith(".py"):
             path = tmp_path / f"script_{abs(hash(script))}.py"
             path.write_text(textwrap.dedent(script))
@@ -72,7 +73,7 @@ def mpirun(mpiexec_path, tmp_path):
         report_dir = tmp_path / f"reports_{abs(hash((script, tuple(args))))}"
         report_dir.mkdir(exist_ok=True)
         command = [sys.executable, "-u", script] + [str(a) for a in args]
-        argv, full_env = mpiexec_command(n, command, mpiexec=mpiexec_path,
+        argv, full_env = mpiexec_command(n, command, mpiexec=mpiexec_path, extra=mpi_args,
                                          fault_tolerant=fault_tolerant)
         full_env.update({
             "PYTHONPATH": os.pathsep.join([HERE, full_env.get("PYTHONPATH", "")]),

@@ -416,7 +416,8 @@ def test_module_doctests():
 
     for name in ("kdist._args", "kdist.optimizers.distributed", "kdist.optimizers.aggregation",
                  "kdist.callbacks.broadcast", "kdist.callbacks.learning_rate",
-                 "kdist.distribute.sync_batch_norm", "kdist.comm.tensors"):
+                 "kdist.distribute.sync_batch_norm", "kdist.comm.tensors",
+                 "kdist.elastic.runner", "kdist.elastic.state"):
         result = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)
         assert result.attempted > 0 and result.failed == 0, name
 

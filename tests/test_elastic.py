@@ -181,3 +181,116 @@ def test_kdist_run_elastic_checks_min_np(capsys):
         main(["run", "--min-np", "2", "-n", "3", "--raw-command", "true"])
     with pytest.raises(SystemExit, match="between 1 and -n"):
         main(["run", "--elastic", "--min-np", "4", "-n", "3", "--raw-command", "true"])
+
+
+def test_kdist_run_elastic_checks_max_np():
+    args = build_parser().parse_args(["run", "--elastic", "--max-np", "4", "-n", "3", "x.py"])
+    assert args.max_np == 4
+    with pytest.raises(SystemExit, match="--max-np needs --elastic"):
+        main(["run", "--max-np", "4", "-n", "3", "--raw-command", "true"])
+    with pytest.raises(SystemExit, match="at least -n"):
+        main(["run", "--elastic", "--max-np", "2", "-n", "3", "--raw-command", "true"])
+
+
+def test_max_ranks_come_from_the_argument_or_the_launcher():
+    from kdist.elastic.runner import max_ranks
+
+    assert max_ranks(environ={}) is None
+    assert max_ranks(environ={"KDIST_ELASTIC_MAX_NP": ""}) is None
+    assert max_ranks(environ={"KDIST_ELASTIC_MAX_NP": "4"}) == 4
+    assert max_ranks(3, environ={"KDIST_ELASTIC_MAX_NP": "4"}) == 3
+    with pytest.raises(ValueError, match="whole number"):
+        max_ranks(environ={"KDIST_ELASTIC_MAX_NP": "many"})
+    import kdist
+
+    with pytest.raises(ValueError, match="smaller than min_size"):
+        kdist.elastic.run(lambda state: None, min_size=3, max_size=2)
+
+
+def test_a_replacement_starts_the_same_program_through_the_same_wrapper(monkeypatch):
+    import sys
+
+    from kdist.comm import recovery
+
+    monkeypatch.setattr(sys, "orig_argv", ["python", "-u", "train.py", "--epochs", "3"])
+    assert recovery.spawn_command(environ={}) == (sys.executable,
+                                                  ["-u", "train.py", "--epochs", "3"])
+    executable, args = recovery.spawn_command(environ={"KDIST_PREFIXER": "/p/_prefix.py"})
+    assert args == ["/p/_prefix.py", "--", sys.executable, "-u", "train.py", "--epochs", "3"]
+
+
+def test_checkpoint_leaves_the_disk_alone_once_an_elastic_world_changed(tmp_path, monkeypatch):
+    import keras
+
+    import kdist
+    from kdist.comm import processes
+
+    def fit(epochs):
+        keras.backend.clear_session()  # the same variable names each time
+        model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+        model.compile("sgd", "mse")
+        checkpoint = kdist.callbacks.Checkpoint(tmp_path)
+        history = model.fit(np.ones((4, 2)), np.ones((4, 1)), epochs=epochs, verbose=0,
+                            callbacks=[checkpoint])
+        return checkpoint.resumed_from, len(history.epoch)
+
+    assert fit(2) == (None, 2)
+    assert fit(3) == (2, 1)  # an ordinary restart resumes from the disk
+    # After a reset the last commit in memory is newer than anything on disk.
+    monkeypatch.setattr(processes._state, "generation", 1)
+    assert fit(3) == (None, 3)
+
+
+# Open MPI keeps a dead rank's slot, so a replacement on this machine shares a core.
+GROW = {"env": {"KDIST_ELASTIC_MAX_NP": "3"}, "mpi_args": ["--oversubscribe"]}
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("lost,path", [(2, "optimizer"), (1, "strategy")])
+def test_a_lost_rank_is_replaced_and_the_newcomer_trains_from_the_last_commit(mpirun, lost,
+                                                                            path):
+    job = mpirun(WORKER, n=3, args=["--lose-rank", lost, "--at-batch", 10, "--path", path],
+                 fault_tolerant=True, check=False, timeout=180, **GROW)
+    ranks = _survivors(job, 3)
+    assert "started 1 rank(s) to replace lost ones; carrying on with 3" in job.output
+    # The survivors keep the lower ranks and reset; the newcomer takes rank 2 and
+    # starts from their state without a reset of its own.
+    assert [out["replacement"] for out in ranks] == [False, False, True]
+    assert [out["sizes_at_reset"] for out in ranks] == [[3], [3], []]
+    for out in ranks:
+        assert out["size"] == 3 and out["epoch"] == 2
+        assert out["learning_rate"] == pytest.approx(0.15)
+        # 1797 digits, 599 per rank: 38 batches of 16 per epoch, two epochs.
+        assert out["iterations"] == 2 * 38
+    assert len({out["weights_sum"] for out in ranks}) == 1
+    assert ranks[0]["loss"] < 1.5
+
+
+@pytest.mark.mpi
+def test_a_replacement_that_dies_is_replaced_in_turn(mpirun):
+    job = mpirun(WORKER, n=3, args=["--lose-rank", 2, "--replacement-dies-at", 5],
+                 fault_tolerant=True, check=False, timeout=180, **GROW)
+    ranks = _survivors(job, 3)
+    assert [out["sizes_at_reset"] for out in ranks] == [[3, 3], [3, 3], []]
+    assert len({out["weights_sum"] for out in ranks}) == 1
+    assert all(out["iterations"] == 2 * 38 for out in ranks)
+
+
+@pytest.mark.mpi
+def test_a_gan_replacement_receives_both_models_and_both_optimizers(mpirun):
+    job = mpirun("elastic_gan.py", n=3, fault_tolerant=True, check=False, timeout=180, **GROW)
+    ranks = _survivors(job, 3)
+    assert [out["resets"] for out in ranks] == [[3], [3], []]
+    assert len({out["w"] for out in ranks}) == 1
+    assert len({(out["d"], out["g"]) for out in ranks}) == 1 and ranks[0]["d"] > 0
+
+
+@pytest.mark.mpi
+def test_with_no_slot_for_a_replacement_the_survivors_carry_on(mpirun):
+    # Two slots, two ranks, no leave to oversubscribe: the dead rank's slot stays taken.
+    job = mpirun(WORKER, n=2, args=["--lose-rank", 1], fault_tolerant=True, check=False,
+                 timeout=180, env={"KDIST_ELASTIC_MAX_NP": "2"},
+                 mpi_args=["--host", "localhost:2"])
+    (out,) = _survivors(job, 1)
+    assert out["size"] == 1 and out["epoch"] == 2
+    assert "Could not start 1 rank(s) to replace the lost ones" in job.output

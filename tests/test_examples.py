@@ -79,3 +79,16 @@ def test_elastic_example_finishes_on_two_ranks_after_killing_the_third(mpirun):
     found = re.findall(r"finished on 2 rank\(s\): loss [0-9.]+, accuracy ([0-9.]+)", job.output)
     assert len(found) == 1, job.output[-3000:]
     assert float(found[0]) > 0.8
+
+
+@pytest.mark.mpi
+def test_elastic_example_replaces_a_killed_rank_and_finishes_on_three(mpirun):
+    job = mpirun(ELASTIC_EXAMPLE, n=3, args=["--epochs", 4, "--kill-rank", 1],
+                 fault_tolerant=True, check=False, timeout=240,
+                 env={"KDIST_ELASTIC_MAX_NP": "3"}, mpi_args=["--oversubscribe"])
+    assert job.output.count("killing myself") == 1, job.output[-3000:]
+    assert "rank 2 of 3: pid" in job.output and "(replacing a lost rank)" in job.output
+    assert "carrying on with 3 rank(s) from epoch 1" in job.output
+    found = re.findall(r"finished on 3 rank\(s\): loss [0-9.]+, accuracy ([0-9.]+)", job.output)
+    assert len(found) == 1, job.output[-3000:]
+    assert float(found[0]) > 0.8

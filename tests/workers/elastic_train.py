@@ -25,6 +25,8 @@ parser.add_argument("--how", choices=("kill", "stop", "leave", "raise"), default
 parser.add_argument("--epochs", type=int, default=2)
 parser.add_argument("--commit-every", type=int, default=4)
 parser.add_argument("--path", choices=("optimizer", "strategy"), default="optimizer")
+parser.add_argument("--replacement-dies-at", type=int, default=-1,
+                    help="the first replacement rank kills itself after this many batches")
 args = parser.parse_args()
 
 kdist.init()
@@ -50,6 +52,8 @@ else:
     model, optimizer = build()
 state = kdist.elastic.KerasState(model, batch=0, epoch=0)
 sizes_at_reset = []
+# Started by the survivors to replace a lost rank (kdist run --elastic --max-np).
+replacement = os.environ.get("KDIST_ELASTIC_REPLACEMENT") == "1"
 
 
 def on_reset():
@@ -64,7 +68,13 @@ batches_seen = []
 class LoseOneRank(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         batches_seen.append(batch)
-        if kdist.rank() != args.lose_rank or sizes_at_reset or len(batches_seen) != args.at_batch:
+        if replacement and len(batches_seen) == args.replacement_dies_at:
+            marker = os.path.join(os.environ["KDIST_TEST_REPORTS"], "replacement-died")
+            if not os.path.exists(marker):
+                open(marker, "w").close()
+                os.kill(os.getpid(), signal.SIGKILL)
+        if (kdist.rank() != args.lose_rank or sizes_at_reset or replacement
+                or len(batches_seen) != args.at_batch):
             return
         if args.how == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
@@ -90,6 +100,7 @@ def train(state):
 
 train(state)
 report({"size": kdist.size(), "epoch": state.epoch, "sizes_at_reset": sizes_at_reset,
+        "replacement": replacement,
         "iterations": int(optimizer.iterations.numpy()),
         "learning_rate": float(optimizer.learning_rate.numpy()),
         "loss": float(model.evaluate(x, y, verbose=0)),
