@@ -277,6 +277,17 @@ def test_a_replacement_that_dies_is_replaced_in_turn(mpirun):
 
 
 @pytest.mark.mpi
+def test_replacements_that_die_before_they_join_are_not_started_again(mpirun):
+    job = mpirun(WORKER, n=3, args=["--lose-rank", 2, "--replacement-dies-at", 0],
+                 fault_tolerant=True, check=False, timeout=180, **GROW)
+    ranks = _survivors(job, 2)
+    assert "died before they received the state; not starting more" in job.output
+    assert job.output.count("started 1 rank(s) to replace lost ones") == 2  # once per survivor
+    assert all(out["size"] == 2 and out["epoch"] == 2 for out in ranks)
+    assert ranks[0]["weights_sum"] == ranks[1]["weights_sum"]
+
+
+@pytest.mark.mpi
 def test_a_gan_replacement_receives_both_models_and_both_optimizers(mpirun):
     job = mpirun("elastic_gan.py", n=3, fault_tolerant=True, check=False, timeout=180, **GROW)
     ranks = _survivors(job, 3)

@@ -233,9 +233,14 @@ def grow_world(target):
         for info in infos:
             info.Free()
     # Merge, then a copy of its own: the same steps as kdist.init() on the new ranks.
-    merged = joined.Merge(high=False)
+    try:
+        merged = joined.Merge(high=False).Dup()
+    except MPI.Exception as error:
+        logger.warning("The rank(s) started to replace lost ones died before joining (%s); "
+                       "carrying on with %d.", error, world.size)
+        return world.size
     ending.mark_joined()
-    processes.replace_world(merged.Dup())
+    processes.replace_world(merged)
     logger.warning("started %d rank(s) to replace lost ones; carrying on with %d.",
                    missing, world.size)
     return world.size

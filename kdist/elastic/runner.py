@@ -116,12 +116,17 @@ def run(func=None, *, min_size=None, max_size=None):
             logger.warning("kdist.elastic.run: this job was not started fault-tolerant "
                            "(kdist run --elastic), so a rank that dies ends it.")
         reset = False
+        replace_up_to = most
+        # Replacements were started and have not received the state yet (the same
+        # on every rank: a newcomer starts with it set).
+        joining = processes.joined_late()
         while True:
-            if reset:
-                state.on_reset()
-            recovery.remember_processes()
-            state.sync()
             try:
+                if reset:
+                    state.on_reset()
+                recovery.remember_processes()
+                state.sync()
+                joining = False
                 result = func(state, *args, **kwargs)
                 recovery.confirm_everyone_finished()
                 return result
@@ -137,8 +142,15 @@ def run(func=None, *, min_size=None, max_size=None):
                 # them out of the collectives they wait in, to end the job together.
                 recovery.shrink_world()
                 _end_if_any_rank_failed(None if lost else error, world)
-                if most is not None:
-                    recovery.grow_world(most)
+                if joining and replace_up_to is not None:
+                    # The script fails before it reaches this function on a new
+                    # process; starting more would fail the same way, forever.
+                    logger.warning("The rank(s) started to replace lost ones died before they "
+                                   "received the state; not starting more.")
+                    replace_up_to = None
+                if replace_up_to is not None:
+                    before = world.size
+                    joining = recovery.grow_world(replace_up_to) > before
                 if world.size < fewest:
                     raise RuntimeError(
                         f"Only {world.size} rank(s) are left, fewer than the {fewest} this "

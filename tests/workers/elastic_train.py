@@ -26,7 +26,8 @@ parser.add_argument("--epochs", type=int, default=2)
 parser.add_argument("--commit-every", type=int, default=4)
 parser.add_argument("--path", choices=("optimizer", "strategy"), default="optimizer")
 parser.add_argument("--replacement-dies-at", type=int, default=-1,
-                    help="the first replacement rank kills itself after this many batches")
+                    help="the first replacement rank kills itself after this many batches "
+                         "(0: every replacement dies before it reaches training)")
 args = parser.parse_args()
 
 kdist.init()
@@ -53,7 +54,9 @@ else:
 state = kdist.elastic.KerasState(model, batch=0, epoch=0)
 sizes_at_reset = []
 # Started by the survivors to replace a lost rank (kdist run --elastic --max-np).
-replacement = os.environ.get("KDIST_ELASTIC_REPLACEMENT") == "1"
+replacement = kdist.elastic.is_replacement()
+if replacement and args.replacement_dies_at == 0:
+    os.kill(os.getpid(), signal.SIGKILL)  # as a process that cannot start would
 
 
 def on_reset():
