@@ -38,14 +38,7 @@ def min_ranks(min_size=None, environ=None):
     `KDIST_ELASTIC_MIN_NP` (set by `kdist run --elastic --min-np`), else 1."""
     environ = os.environ if environ is None else environ
     value = min_size if min_size is not None else environ.get("KDIST_ELASTIC_MIN_NP", "1")
-    try:
-        number = int(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"The minimum number of ranks must be a whole number; got "
-                         f"{value!r}.") from None
-    if number < 1:
-        raise ValueError(f"The minimum number of ranks must be at least 1; got {number}.")
-    return number
+    return _rank_count(value, "minimum")
 
 
 def max_ranks(max_size=None, environ=None):
@@ -54,15 +47,17 @@ def max_ranks(max_size=None, environ=None):
     --max-np`), else None (lost ranks are not replaced)."""
     environ = os.environ if environ is None else environ
     value = max_size if max_size is not None else environ.get("KDIST_ELASTIC_MAX_NP")
-    if value in (None, ""):
-        return None
+    return None if value in (None, "") else _rank_count(value, "maximum")
+
+
+def _rank_count(value, which):
     try:
         number = int(value)
     except (TypeError, ValueError):
-        raise ValueError(f"The maximum number of ranks must be a whole number; got "
+        raise ValueError(f"The {which} number of ranks must be a whole number; got "
                          f"{value!r}.") from None
     if number < 1:
-        raise ValueError(f"The maximum number of ranks must be at least 1; got {number}.")
+        raise ValueError(f"The {which} number of ranks must be at least 1; got {number}.")
     return number
 
 
