@@ -242,7 +242,11 @@ def test_checkpoint_leaves_the_disk_alone_once_an_elastic_world_changed(tmp_path
 
 
 # Open MPI keeps a dead rank's slot, so a replacement on this machine shares a core.
-GROW = {"env": {"KDIST_ELASTIC_MAX_NP": "3"}, "mpi_args": ["--oversubscribe"]}
+# While it imports TensorFlow, a survivor retracing its step on the other core can
+# go 4 s without an MPI call and be declared dead too (and replaced as well); these
+# tests count replacements exactly, so they give the failure detector more time.
+SLOW_DETECTOR = ["--mca", "mpi_ft_detector_timeout", "10"]
+GROW = {"env": {"KDIST_ELASTIC_MAX_NP": "3"}, "mpi_args": ["--oversubscribe"] + SLOW_DETECTOR}
 
 
 @pytest.mark.mpi
