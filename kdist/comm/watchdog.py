@@ -46,7 +46,16 @@ def abort(reason, code=1):
     sys.stderr.write(f"[kdist rank {rank}] aborting the job: {reason}\n")
     sys.stderr.flush()
     if world is not None:
-        world.abort(code)
+        from kdist.comm import ending
+
+        if ending.fault_tolerant():
+            # Once ranks have died, Open MPI's MPI_Abort can block for good in a
+            # fault-tolerant job; an exit with an error status ends such a job too.
+            aborting = threading.Thread(target=world.abort, args=(code,), daemon=True)
+            aborting.start()
+            aborting.join(10)
+        else:
+            world.abort(code)
     os._exit(code)
 
 
