@@ -188,7 +188,8 @@ def launch(mode, ranks, steps):
         argv = command + (["--cpu", "0"] if ranks == 1 else [])
     else:
         argv, mpi_env = mpiexec_command(ranks, command)
-        argv[1:1] = ["-x", "KDIST_NATIVE_OPS"] if "KDIST_NATIVE_OPS" in env else []
+        argv[1:1] = [a for name in ("KDIST_NATIVE_OPS", "OMPI_MCA_mpi_yield_when_idle")
+                     if name in env for a in ("-x", name)]
         env.update({k: v for k, v in mpi_env.items() if k.startswith("OMPI_ALLOW")})
     if mode == "side_by_side":
         # Independent processes, each its own world of one (no MPI at all), each on its

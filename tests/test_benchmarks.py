@@ -87,6 +87,20 @@ def test_weak_scaling_benchmark_compares_all_cases_in_one_run(mpiexec_path):
     assert all(value > 0 for value in result["efficiency"].values())
 
 
+def test_shared_cores_benchmark_sets_four_ranks_beside_two_in_one_run(mpiexec_path):
+    done = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "benchmarks", "shared_cores.py"), "--rounds", "1",
+         "--steps", "60"],
+        capture_output=True, text=True, timeout=400, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = _json_from(done.stdout)
+    four = {"four_without_communication", "four_ranks", "four_ranks_yielding"}
+    assert set(result["ms_per_step"]) == four | {"two_ranks"}
+    assert set(result["ratio_to_two_ranks"]) == four
+    assert set(result["communication_over_floor"]) == {"four_ranks", "four_ranks_yielding"}
+    assert all(value > 0 for value in result["ratio_to_two_ranks"].values())
+
+
 def test_ps_throughput_benchmark_compares_each_mode_with_the_add_bound(mpirun):
     job = mpirun(os.path.join(ROOT, "benchmarks", "ps_throughput.py"), n=3,
                  args=["--sizes", "100000", "--seconds", "0.2"])
