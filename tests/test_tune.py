@@ -226,26 +226,110 @@ def test_genetic_generations_wait_and_steady_state_does_not():
         kdist.tune.BayesianOracle(num_initial_points=0)
 
 
+def _finish(oracle, trial, loss=None):
+    oracle.update_trial(trial.trial_id, {"loss": _loss(trial.hyperparameters.values)
+                                         if loss is None else loss})
+    trial.status = "COMPLETED"
+    oracle.end_trial(trial)
+
+
 @pytest.mark.parametrize("steady", [False, True])
-def test_genetic_oracle_with_concurrent_requests(steady, tmp_path):
-    oracle = kdist.tune.GeneticOracle(objective=kt.Objective("loss", "min"), max_trials=12,
+def test_genetic_oracle_never_leaves_a_concurrent_request_idle(steady, tmp_path):
+    oracle = kdist.tune.GeneticOracle(objective=kt.Objective("loss", "min"), max_trials=40,
                                       population_size=4, seed=0, steady_state=steady,
                                       hyperparameters=_space())
     oracle._set_project_dir(str(tmp_path), "concurrent")
-    # Generation 0: four trials at once, then the fifth request must wait (generational).
-    trials = [oracle.create_trial(f"group{i}") for i in range(4)]
-    assert all(t.status == "RUNNING" for t in trials)
-    waiting = oracle.create_trial("group4")
-    assert waiting.status == ("RUNNING" if steady else "IDLE")
-    for trial in trials[:3]:
-        oracle.update_trial(trial.trial_id, {"loss": _loss(trial.hyperparameters.values)})
-        trial.status = "COMPLETED"
-        oracle.end_trial(trial)
-    assert oracle.create_trial("group5").status == ("RUNNING" if steady else "IDLE")
-    oracle.update_trial(trials[3].trial_id, {"loss": _loss(trials[3].hyperparameters.values)})
-    trials[3].status = "COMPLETED"
-    oracle.end_trial(trials[3])
-    assert oracle.create_trial("group6").status == "RUNNING"
+    # Generation 0 has four members; a fifth request while they run gets a fifth.
+    trials = [oracle.create_trial(f"group{i}") for i in range(5)]
+    assert [t.status for t in trials] == ["RUNNING"] * 5
+    for trial in trials[:4]:
+        _finish(oracle, trial)
+    # Four finished: the next request breeds from them, while trial 5 still runs.
+    child = oracle.create_trial("group0")
+    assert child.status == "RUNNING"
+    if not steady:
+        assert oracle.generation == 1 and trials[4].trial_id in oracle.members
+        assert set(oracle.population) <= {t.trial_id for t in trials[:4]}
+    # keras-tuner's own pattern: four tuners ask, report, and ask again, ten times.
+    _finish(oracle, trials[4])
+    _finish(oracle, child)
+    for _ in range(7):
+        batch = [oracle.create_trial(f"group{i}") for i in range(4)]
+        assert all(t.status == "RUNNING" for t in batch)
+        for trial in batch:
+            _finish(oracle, trial)
+    assert len(oracle.trials) == 34
+    assert steady or oracle.generation == 7  # each batch after the first made a generation
+
+
+def test_genetic_generations_keep_elites_and_the_best_finished_children(tmp_path):
+    oracle = kdist.tune.GeneticOracle(objective=kt.Objective("loss", "min"), max_trials=40,
+                                      population_size=4, elite_fraction=0.25, seed=3,
+                                      hyperparameters=_space())
+    oracle._set_project_dir(str(tmp_path), "generations")
+    # Distinct tuner ids: keras-tuner hands a tuner its running trial again.
+    first = [oracle.create_trial(f"t{i}") for i in range(4)]
+    for loss, trial in zip([4.0, 1.0, 3.0, 2.0], first):
+        _finish(oracle, trial, loss)
+    brood = [oracle.create_trial(f"t{i}") for i in range(4)]  # 3 children and one more
+    assert oracle.generation == 1
+    assert oracle.population == [first[1].trial_id, first[3].trial_id, first[2].trial_id,
+                                 first[0].trial_id]
+    for loss, trial in zip([0.5, 5.0, 6.0, 0.7], brood):
+        _finish(oracle, trial, loss)
+    oracle.create_trial("t0")
+    # The elite (loss 1.0) and the best three of the four finished children.
+    assert oracle.generation == 2
+    assert oracle.population == [first[1].trial_id, brood[0].trial_id, brood[3].trial_id,
+                                 brood[1].trial_id]
+
+
+@pytest.mark.parametrize("kind", ["genetic", "bayesian"])
+def test_populate_space_takes_any_trial_id_and_seed_zero_is_a_seed(kind, tmp_path):
+    # keras-tuner's own tests call populate_space with ids the oracle never created.
+    oracle = ORACLES[kind](seed=0)
+    assert oracle.seed == 0
+    oracle._set_project_dir(str(tmp_path), "ids")
+    for trial_id in [str(i) for i in range(10)] + ["1_0", "tuner-a"]:
+        response = oracle.populate_space(trial_id)
+        assert response["status"] == "RUNNING" and "lr" in response["values"]
+    again = ORACLES[kind](seed=0)
+    again._set_project_dir(str(tmp_path), "ids_again")
+    assert again.populate_space("1_0") == ORACLES[kind](seed=0).populate_space("1_0")
+    with pytest.raises(ValueError, match="non-negative integer"):
+        ORACLES[kind](seed=-1)
+
+
+def test_genetic_state_restores_every_field(tmp_path):
+    oracle = kdist.tune.GeneticOracle(objective=kt.Objective("loss", "min"), max_trials=30,
+                                      population_size=5, elite_fraction=0.4, mutation_rate=0.3,
+                                      generations=7, steady_state=True, seed=4,
+                                      hyperparameters=_space())
+    oracle._set_project_dir(str(tmp_path), "state")
+    _finish(oracle, oracle.create_trial("solo"))
+    state = oracle.get_state()
+    restored = kdist.tune.GeneticOracle(objective=kt.Objective("loss", "min"))
+    restored.set_state(state)
+    for field in ("population_size", "elite_fraction", "elite_size", "mutation_rate",
+                  "steady_state", "generations", "generation", "population", "members",
+                  "seed"):
+        assert getattr(restored, field) == getattr(oracle, field), field
+
+
+def test_keras_tuner_is_pinned_to_the_tested_versions():
+    import pathlib
+    import re
+
+    from kdist.tune import compat
+
+    assert compat.keras_tuner_is_tested(), (
+        f"keras-tuner {kt.__version__} is installed but kdist.tune is tested with "
+        f"{compat.TESTED_KERAS_TUNER}: test it and widen the range in compat.py and "
+        "pyproject.toml")
+    assert not compat.keras_tuner_is_tested("1.5.0")
+    pyproject = (pathlib.Path(__file__).parents[1] / "pyproject.toml").read_text()
+    pins = set(re.findall(r'"keras-tuner([^"]*)"', pyproject))
+    assert pins == {compat.TESTED_KERAS_TUNER}
 
 
 def test_bayesian_concurrent_proposals_differ_from_pending_trials(tmp_path):

@@ -8,13 +8,17 @@ Both oracles plug into any `keras_tuner.Tuner` (`oracle=`); `KFoldTuner`
 scores trials by cross-validation.
 """
 
+from kdist.tune.compat import TESTED_KERAS_TUNER, warn_if_untested
 from kdist.tune.bayesian import BayesianOracle, expected_improvement
 from kdist.tune.distributed import Roles, clear_project, current_roles, search, trial_comm
 from kdist.tune.genetic import GeneticOracle
 from kdist.tune.kfold import KFoldTuner, fold_indices
 from kdist.tune.space import Encoding
 
+warn_if_untested()
+
 __all__ = [
-    "BayesianOracle", "Encoding", "GeneticOracle", "KFoldTuner", "Roles", "clear_project",
-    "current_roles", "expected_improvement", "fold_indices", "search", "trial_comm",
+    "BayesianOracle", "Encoding", "GeneticOracle", "KFoldTuner", "Roles",
+    "TESTED_KERAS_TUNER", "clear_project", "current_roles", "expected_improvement",
+    "fold_indices", "search", "trial_comm",
 ]

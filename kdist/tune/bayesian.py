@@ -8,6 +8,7 @@ import numpy as np
 from scipy import optimize, stats
 
 from kdist.tune import storage
+from kdist.tune.compat import keep_seed, trial_number
 from kdist.tune.space import Encoding, trial_response
 
 logger = logging.getLogger(__name__)
@@ -83,6 +84,7 @@ class BayesianOracle(storage.WholeSaves, kt.Oracle):
                          tune_new_entries=tune_new_entries, seed=seed,
                          max_retries_per_trial=max_retries_per_trial,
                          max_consecutive_failed_trials=max_consecutive_failed_trials)
+        keep_seed(self, seed)
         if num_initial_points is not None and (int(num_initial_points) != num_initial_points
                                                or num_initial_points < 1):
             raise ValueError(f"num_initial_points must be an integer >= 1; "
@@ -105,7 +107,7 @@ class BayesianOracle(storage.WholeSaves, kt.Oracle):
         encoding = Encoding(self.hyperparameters, one_hot=True)
         if encoding.dimensions == 0:
             return trial_response(self._random_values())
-        rng = np.random.default_rng([self.seed or 0, int(trial_id)])
+        rng = np.random.default_rng([self.seed, trial_number(trial_id)])
         finished, scores, pending = self._data(encoding, trial_id)
         if len(finished) < max(2, self.initial_points(encoding.dimensions)):
             return trial_response(self._unique(encoding, self._sobol(encoding, trial_id), rng))
@@ -129,8 +131,8 @@ class BayesianOracle(storage.WholeSaves, kt.Oracle):
         return np.array(finished), np.array(scores), np.array(pending)
 
     def _sobol(self, encoding, trial_id):
-        sampler = stats.qmc.Sobol(encoding.dimensions, scramble=True, seed=self.seed or 0)
-        index = int(trial_id)
+        sampler = stats.qmc.Sobol(encoding.dimensions, scramble=True, seed=self.seed)
+        index = trial_number(trial_id) % (1 << 20)
         if index:
             sampler.fast_forward(index)
         return sampler.random(1)[0]

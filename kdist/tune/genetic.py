@@ -7,12 +7,19 @@ import keras_tuner as kt
 import numpy as np
 
 from kdist.tune import operators, storage
+from kdist.tune.compat import keep_seed, trial_number
 from kdist.tune.space import Encoding, trial_response
 
 logger = logging.getLogger(__name__)
 
 _FINISHED = (kt.engine.trial.TrialStatus.COMPLETED, kt.engine.trial.TrialStatus.FAILED,
              kt.engine.trial.TrialStatus.INVALID)
+
+
+def _elite_size(fraction, population_size):
+    """Elites kept per generation: at least one child is always made."""
+    size = int(math.ceil(fraction * population_size)) if fraction > 0 else 0
+    return min(size, population_size - 1)
 
 
 class GeneticOracle(storage.WholeSaves, kt.Oracle):
@@ -27,9 +34,12 @@ class GeneticOracle(storage.WholeSaves, kt.Oracle):
     the unit cube of each hyper-parameter's own scale (log scales stay log),
     integers are rounded, unordered choices are inherited and resampled.
 
-    A generation waits for its slowest trial. With `steady_state=True` every
-    request gets a child of the best `population_size` trials finished so far,
-    so parallel groups never wait.
+    A new generation starts once as many members of the current one have
+    finished as it needs; a request that comes while its last members still
+    run gets one more member of the current generation, and members still
+    running carry over, so parallel groups never wait. With
+    `steady_state=True` every request gets a child of the best
+    `population_size` trials finished so far, with no generations at all.
 
     Args:
         objective, max_trials, hyperparameters, allow_new_entries,
@@ -63,6 +73,7 @@ class GeneticOracle(storage.WholeSaves, kt.Oracle):
                          tune_new_entries=tune_new_entries, seed=seed,
                          max_retries_per_trial=max_retries_per_trial,
                          max_consecutive_failed_trials=max_consecutive_failed_trials)
+        keep_seed(self, seed)
         if population_size is None:
             # Measured on 10-D Ackley at 200 trials: small populations that
             # live many generations beat large ones; a 16-strong one barely
@@ -80,9 +91,7 @@ class GeneticOracle(storage.WholeSaves, kt.Oracle):
         self.elite_fraction = float(elite_fraction)
         self.mutation_rate = float(mutation_rate)
         self.steady_state = bool(steady_state)
-        self.elite_size = (int(math.ceil(self.elite_fraction * self.population_size))
-                           if self.elite_fraction > 0 else 0)
-        self.elite_size = min(self.elite_size, self.population_size - 1)
+        self.elite_size = _elite_size(self.elite_fraction, self.population_size)
         self.generations = generations
         self.generation = 0
         self.population = []  # trial ids of the current parents
@@ -103,21 +112,26 @@ class GeneticOracle(storage.WholeSaves, kt.Oracle):
     # keras-tuner's hook: one call per new trial.
     def populate_space(self, trial_id):
         encoding = Encoding(self.hyperparameters)
-        rng = np.random.default_rng([self.seed or 0, int(trial_id)])
+        rng = np.random.default_rng([self.seed, trial_number(trial_id)])
         if encoding.dimensions == 0:
             return trial_response(self._random_values())
         if self.steady_state:
             return self._steady(trial_id, encoding, rng)
         wanted = self.population_size if self.generation == 0 else self.brood_size
-        if len(self.members) >= wanted:
-            if any(self.trials[t].status not in _FINISHED for t in self.members):
-                return {"status": kt.engine.trial.TrialStatus.IDLE, "values": None}
-            self._next_generation()
+        finished = [t for t in self.members if not self._running(t)]
+        if len(finished) >= wanted:
+            self._next_generation(finished)
+        # A request while the generation's last trials still run gets another
+        # member of the same generation rather than IDLE: no group waits.
         self.members.append(trial_id)
         if self.generation == 0:
             return trial_response(self._unique(encoding, encoding.random(rng), rng))
         return trial_response(self._child(encoding, self._ranked(self.population), rng,
                                          self.generation))
+
+    def _running(self, trial_id):
+        trial = self.trials.get(trial_id)
+        return trial is not None and trial.status not in _FINISHED
 
     def _steady(self, trial_id, encoding, rng):
         finished = [t for t in self.trials if t != trial_id and self._score(t) is not None]
@@ -128,11 +142,14 @@ class GeneticOracle(storage.WholeSaves, kt.Oracle):
         return trial_response(self._child(encoding, ranked, rng,
                                          1 + max(done, 0) / self.brood_size))
 
-    def _next_generation(self):
-        candidates = self._ranked(self.population)[:self.elite_size] + self._ranked(self.members)
-        self.population = [individual.key for individual in candidates]
+    def _next_generation(self, finished):
+        """The elites and the best finished members become the parents; members
+        still running carry over into the new generation."""
+        elites = self._ranked(self.population)[:self.elite_size]
+        children = self._ranked(finished)[:self.population_size - len(elites)]
+        self.population = [individual.key for individual in elites + children]
         self.generation += 1
-        self.members = []
+        self.members = [t for t in self.members if t not in set(finished)]
         scores = [self.trials[t].score for t in self.population]
         best = (min if self.objective.direction == "min" else max)(scores) if scores else None
         logger.info("generation %d: %d parents, best score %s", self.generation,
@@ -191,6 +208,12 @@ class GeneticOracle(storage.WholeSaves, kt.Oracle):
 
     def set_state(self, state):
         super().set_state(state)
+        self.population_size = state["population_size"]
+        self.elite_fraction = state["elite_fraction"]
+        self.mutation_rate = state["mutation_rate"]
+        self.steady_state = state["steady_state"]
+        self.generations = state["generations"]
+        self.elite_size = _elite_size(self.elite_fraction, self.population_size)
         self.generation = state["generation"]
         self.population = list(state["population"])
         self.members = list(state["members"])
