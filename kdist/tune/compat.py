@@ -8,7 +8,6 @@ packaging pins keras-tuner to `TESTED_KERAS_TUNER` and importing
 """
 
 import numbers
-import random
 import warnings
 import zlib
 
@@ -39,8 +38,6 @@ def keep_seed(oracle, seed):
             raise ValueError(f"seed must be a non-negative integer; got {seed!r}.")
         oracle.seed = int(seed)
         oracle._seed_state = int(seed)
-    elif oracle.seed is None:
-        oracle.seed = oracle._seed_state = random.randint(1, 10000)
 
 
 def trial_number(trial_id):

@@ -16,12 +16,6 @@ _FINISHED = (kt.engine.trial.TrialStatus.COMPLETED, kt.engine.trial.TrialStatus.
              kt.engine.trial.TrialStatus.INVALID)
 
 
-def _elite_size(fraction, population_size):
-    """Elites kept per generation: at least one child is always made."""
-    size = int(math.ceil(fraction * population_size)) if fraction > 0 else 0
-    return min(size, population_size - 1)
-
-
 class GeneticOracle(storage.WholeSaves, kt.Oracle):
     """Evolves hyper-parameters: elitism, binary tournaments, directed crossover,
     non-uniform mutation.
@@ -91,11 +85,16 @@ class GeneticOracle(storage.WholeSaves, kt.Oracle):
         self.elite_fraction = float(elite_fraction)
         self.mutation_rate = float(mutation_rate)
         self.steady_state = bool(steady_state)
-        self.elite_size = _elite_size(self.elite_fraction, self.population_size)
         self.generations = generations
         self.generation = 0
         self.population = []  # trial ids of the current parents
         self.members = []  # trial ids handed out in the current generation
+
+    @property
+    def elite_size(self):
+        """Elites kept per generation: at least one child is always made."""
+        size = math.ceil(self.elite_fraction * self.population_size)
+        return min(size, self.population_size - 1)
 
     @property
     def brood_size(self):
@@ -149,7 +148,8 @@ class GeneticOracle(storage.WholeSaves, kt.Oracle):
         children = self._ranked(finished)[:self.population_size - len(elites)]
         self.population = [individual.key for individual in elites + children]
         self.generation += 1
-        self.members = [t for t in self.members if t not in set(finished)]
+        finished = set(finished)
+        self.members = [t for t in self.members if t not in finished]
         scores = [self.trials[t].score for t in self.population]
         best = (min if self.objective.direction == "min" else max)(scores) if scores else None
         logger.info("generation %d: %d parents, best score %s", self.generation,
@@ -213,7 +213,6 @@ class GeneticOracle(storage.WholeSaves, kt.Oracle):
         self.mutation_rate = state["mutation_rate"]
         self.steady_state = state["steady_state"]
         self.generations = state["generations"]
-        self.elite_size = _elite_size(self.elite_fraction, self.population_size)
         self.generation = state["generation"]
         self.population = list(state["population"])
         self.members = list(state["members"])
