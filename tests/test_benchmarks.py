@@ -174,6 +174,25 @@ def test_hpo_groups_benchmark_times_one_and_two_groups(mpiexec_path):
                                             / result["seconds"]["1_group"])
 
 
+def test_hpo_budget_benchmark_counts_epochs_against_hyperbands(tmp_path):
+    pytest.importorskip("keras_tuner")
+    done = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "benchmarks", "hpo_budget.py"), "--seeds", "1",
+         "--max-epochs", "2", "--factor", "2", "--methods", "kdist_bohb,kt_random"],
+        capture_output=True, text=True, timeout=400, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = _json_from(done.stdout)
+    assert result["budget_epochs"] == 7  # 2 x 1 + 1 x 1 more (bracket 1), then 2 x 2 (bracket 0)
+    for method in ("kt_hyperband", "kdist_bohb", "kt_random"):
+        (run,) = result["runs"][method]
+        epochs = [spent for spent, _ in run["trajectory"]]
+        best = [accuracy for _, accuracy in run["trajectory"]]
+        assert epochs == sorted(epochs) and epochs[-1] == run["epochs"] <= 7
+        assert best == sorted(best) and best[-1] == run["best_accuracy"]
+    hyperband = result["runs"]["kt_hyperband"][0]
+    assert hyperband["epochs_to_hyperband_best"] <= hyperband["epochs"]
+
+
 def _load_hpo():
     import importlib.util
 

@@ -164,6 +164,24 @@ def test_oracle_state_saves_and_reloads_and_a_rerun_keeps_finished_trials(kind, 
         assert resumed.oracle.generation >= 1
 
 
+@pytest.mark.parametrize("kind", sorted(ORACLES))
+def test_a_reloaded_oracle_does_not_run_its_last_finished_trial_again(kind, tmp_path):
+    # As behind the oracle service of a distributed search: trials end through
+    # the oracle alone, and its last save happens inside end_trial, while the
+    # trial is still listed as running.
+    oracle = ORACLES[kind](seed=2, trials=9)
+    oracle._set_project_dir(str(tmp_path), "extend")
+    oracle.verbose = 0
+    for _ in range(6):
+        _finish(oracle, oracle.create_trial("group0"))
+    reloaded = ORACLES[kind](seed=2, trials=9)
+    reloaded._set_project_dir(str(tmp_path), "extend")
+    reloaded.verbose = 0
+    reloaded.reload()
+    assert reloaded.create_trial("group0").trial_id == "6"
+    assert all(reloaded.trials[str(i)].status == "COMPLETED" for i in range(6))
+
+
 def test_state_files_are_written_whole_or_not_at_all(tmp_path, monkeypatch):
     from kdist.tune import storage
 

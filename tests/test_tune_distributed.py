@@ -80,6 +80,23 @@ def test_a_stock_tuner_trains_each_trial_data_parallel(mpirun, tmp_path):
     assert job.rank(1)["built"] == job.rank(2)["built"] == 1 + 5
 
 
+def test_bohb_promotes_across_groups_within_its_budget(mpirun, tmp_path):
+    job = mpirun("tune_search.py", n=3, timeout=400, args=[tmp_path, "--oracle", "bohb",
+                                                           "--trials", 16])
+    report = job.rank(0)
+    assert set(report["statuses"].values()) == {"COMPLETED"}
+    values = report["values"]
+    spent = sum(v["tuner/epochs"] - v["tuner/initial_epoch"] for v in values.values())
+    assert 15 <= spent <= 16
+    promoted = [v for v in values.values() if "tuner/trial_id" in v]
+    assert promoted
+    for child in promoted:
+        parent = values[child["tuner/trial_id"]]
+        assert child["tuner/initial_epoch"] == parent["tuner/epochs"]
+    # Both groups trained: each group's leader built models.
+    assert job.rank(1)["built"] > 1 and job.rank(2)["built"] > 1
+
+
 def test_a_rank_count_that_does_not_divide_into_groups_is_refused():
     # Every rank checks its job's size alike, before any collective, so each one
     # raises this error and the job ends.

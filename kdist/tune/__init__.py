@@ -1,4 +1,4 @@
-"""Hyper-parameter search for keras-tuner: genetic and Bayesian oracles, K-fold tuning.
+"""Hyper-parameter search for keras-tuner: genetic, Bayesian and BOHB oracles, K-fold tuning.
 
 >>> import keras_tuner as kt, kdist.tune
 >>> oracle = kdist.tune.BayesianOracle(objective=kt.Objective("val_loss", "min"),
@@ -10,6 +10,7 @@ scores trials by cross-validation.
 
 from kdist.tune.compat import TESTED_KERAS_TUNER, warn_if_untested
 from kdist.tune.bayesian import BayesianOracle, expected_improvement
+from kdist.tune.bohb import BOHB, BOHBOracle
 from kdist.tune.distributed import Roles, clear_project, current_roles, search, trial_comm
 from kdist.tune.genetic import GeneticOracle
 from kdist.tune.kfold import KFoldTuner, fold_indices
@@ -18,7 +19,7 @@ from kdist.tune.space import Encoding
 warn_if_untested()
 
 __all__ = [
-    "BayesianOracle", "Encoding", "GeneticOracle", "KFoldTuner", "Roles",
+    "BOHB", "BOHBOracle", "BayesianOracle", "Encoding", "GeneticOracle", "KFoldTuner", "Roles",
     "TESTED_KERAS_TUNER", "clear_project", "current_roles", "expected_improvement",
     "fold_indices", "search", "trial_comm",
 ]

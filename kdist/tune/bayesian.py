@@ -156,7 +156,15 @@ class BayesianOracle(storage.WholeSaves, kt.Oracle):
             model.fit(inputs, targets)
         return model
 
-    def _propose(self, encoding, finished, scores, pending, rng):
+    def _propose(self, encoding, finished, scores, pending, rng, context=(), incumbent=None):
+        """The point of the cube that maximises expected improvement.
+
+        `context` is appended to every point the search tries and is not
+        optimised (BOHB's budget column); `finished` and `pending` already
+        carry it. `incumbent` picks which finished rows' best score is the one
+        to improve on (default: all).
+        """
+        context = np.asarray(context, dtype=float)
         scores = warp(scores)
         scores = (scores - scores.mean()) / (scores.std() or 1.0)
         scores = scores - scores.max()
@@ -165,11 +173,14 @@ class BayesianOracle(storage.WholeSaves, kt.Oracle):
             believed = model.predict(pending)
             model = self._model(np.vstack([finished, pending]),
                                 np.concatenate([scores, believed]), rng)
-        best = scores.min()
+        among = np.arange(len(scores)) if incumbent is None else np.flatnonzero(incumbent)
+        best = scores[among].min()
         scale = scores.std() or 1.0
 
         def negative_ei(points):
-            mean, std = model.predict(np.atleast_2d(points), return_std=True)
+            points = np.atleast_2d(points)
+            inputs = np.hstack([points, np.broadcast_to(context, (len(points), context.size))])
+            mean, std = model.predict(inputs, return_std=True)
             return -expected_improvement(mean, std, best, self.xi * scale)
 
         # Random points, and moves of several sizes around the best trials: in
@@ -177,10 +188,10 @@ class BayesianOracle(storage.WholeSaves, kt.Oracle):
         # improvement is.
         dims = encoding.dimensions
         candidates = [rng.uniform(size=(self.candidates, dims))]
-        for rank, index in enumerate(np.argsort(scores[:len(finished)])[:3]):
+        for rank, index in enumerate(among[np.argsort(scores[among])][:3]):
             count = max(1, self.candidates // (2 * (rank + 1)))
             steps = rng.normal(size=(count, dims)) * rng.choice([0.01, 0.05, 0.15], (count, 1))
-            candidates.append(np.clip(finished[index] + steps, 0.0, 1.0))
+            candidates.append(np.clip(finished[index, :dims] + steps, 0.0, 1.0))
         candidates = np.vstack(candidates)
         values = negative_ei(candidates)
         starts = candidates[np.argsort(values)[:5]]

@@ -9,7 +9,9 @@ the old state or the new one, never a part.
 keras-tuner also reloads trials in the order the file system lists their
 directories, and ranks trials with equal scores in that order; `order_trials`
 puts them back in the order they were created, so every process (and a
-resumed search) names the same best trial.
+resumed search) names the same best trial. And its last save lists the last
+finished trial as running, so a reloaded search would train it again;
+`forget_finished_retries` drops it.
 """
 
 import functools
@@ -90,6 +92,25 @@ class WholeSaves:
     def reload(self):
         super().reload()
         order_trials(self)
+        forget_finished_retries(self)
+
+
+def forget_finished_retries(oracle):
+    """Takes finished trials out of the retry queue of a reloaded oracle.
+
+    keras-tuner saves the oracle inside `end_trial` before it lets the trial
+    go, so the last state on disk lists the last finished trial as still
+    running; reloading queues it for a retry and the resumed search trains it
+    again. Trials that crashed and have retries left are INVALID, not
+    finished, and stay queued.
+    """
+    finished = ("COMPLETED", "FAILED")
+    queue = []
+    for trial_id in oracle._retry_queue:
+        trial = oracle.trials.get(trial_id)
+        if trial is not None and trial.status not in finished and trial_id not in queue:
+            queue.append(trial_id)
+    oracle._retry_queue = queue
 
 
 def make_saves_whole(tuner):

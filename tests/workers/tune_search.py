@@ -1,6 +1,6 @@
 """A K-fold search over MPI; each rank reports what it saw.
 
-Usage: tune_search.py DIRECTORY [--oracle genetic|bayesian] [--trials T] [--folds-per-group F]
+Usage: tune_search.py DIRECTORY [--oracle genetic|bayesian|bohb] [--trials T] [--folds-per-group F]
        [--workers-per-fold W] [--fail-trial ID] [--die-after K] [--generic]
 """
 
@@ -15,7 +15,7 @@ from common import report
 parser = argparse.ArgumentParser()
 parser.add_argument("directory")
 parser.add_argument("--oracle", default="genetic")
-parser.add_argument("--trials", type=int, default=8)
+parser.add_argument("--trials", type=int, default=8, help="with bohb: the budget in epochs")
 parser.add_argument("--folds-per-group", type=int, default=1)
 parser.add_argument("--workers-per-fold", type=int, default=1)
 parser.add_argument("--fail-trial", help="this trial raises on the group's last rank")
@@ -98,7 +98,18 @@ if args.die_after is not None and kdist.rank() == 0:
 
     threading.Thread(target=kill_when_done, daemon=True).start()
 
-if args.generic:
+if args.oracle == "bohb":
+    class BOHBTracking(kdist.tune.BOHB):
+        def run_trial(self, trial, *a, **k):
+            build.trial_id = trial.trial_id
+            return super().run_trial(trial, *a, **k)
+
+    tuner = BOHBTracking(build, objective=kt.Objective("val_accuracy", "max"), max_epochs=4,
+                         factor=2, budget=args.trials, seed=0, directory=args.directory,
+                         project_name="search")
+    kdist.tune.search(tuner, x, y, validation_split=0.25, verbose=0,
+                      workers_per_fold=args.workers_per_fold)
+elif args.generic:
     tuner = GenericTracking(oracle=oracle(), hypermodel=build, directory=args.directory,
                             project_name="search")
     kdist.tune.search(tuner, x, y, epochs=2, validation_split=0.25, verbose=0,
@@ -112,4 +123,5 @@ trials = tuner.oracle.trials
 report({"statuses": {t.trial_id: t.status for t in trials.values()},
         "messages": {t.trial_id: t.message for t in trials.values() if t.message},
         "best": tuner.get_best_hyperparameters(1)[0].values,
+        "values": {t.trial_id: t.hyperparameters.values for t in trials.values()},
         "built": len(built), "roles": None})
