@@ -1,10 +1,11 @@
-"""Hyper-parameter search for keras-tuner: genetic, Bayesian and BOHB oracles, K-fold tuning.
+"""Hyper-parameter search for keras-tuner: genetic, Bayesian, BOHB and
+multi-objective oracles, K-fold tuning.
 
 >>> import keras_tuner as kt, kdist.tune
 >>> oracle = kdist.tune.BayesianOracle(objective=kt.Objective("val_loss", "min"),
 ...                                    max_trials=30)
 
-Both oracles plug into any `keras_tuner.Tuner` (`oracle=`); `KFoldTuner`
+Every oracle plugs into any `keras_tuner.Tuner` (`oracle=`); `KFoldTuner`
 scores trials by cross-validation.
 """
 
@@ -14,12 +15,14 @@ from kdist.tune.bohb import BOHB, BOHBOracle
 from kdist.tune.distributed import Roles, clear_project, current_roles, search, trial_comm
 from kdist.tune.genetic import GeneticOracle
 from kdist.tune.kfold import KFoldTuner, fold_indices
+from kdist.tune.pareto import NSGA2Oracle, ParEGOOracle, dominates, plot_front
 from kdist.tune.space import Encoding
 
 warn_if_untested()
 
 __all__ = [
-    "BOHB", "BOHBOracle", "BayesianOracle", "Encoding", "GeneticOracle", "KFoldTuner", "Roles",
-    "TESTED_KERAS_TUNER", "clear_project", "current_roles", "expected_improvement",
-    "fold_indices", "search", "trial_comm",
+    "BOHB", "BOHBOracle", "BayesianOracle", "Encoding", "GeneticOracle", "KFoldTuner",
+    "NSGA2Oracle", "ParEGOOracle", "Roles", "TESTED_KERAS_TUNER", "clear_project",
+    "current_roles", "dominates", "expected_improvement", "fold_indices", "plot_front",
+    "search", "trial_comm",
 ]
