@@ -9,7 +9,7 @@ from scipy import optimize, stats
 
 from kdist.tune import storage
 from kdist.tune.compat import keep_seed, trial_number
-from kdist.tune.space import Encoding, trial_response
+from kdist.tune.space import Encoding, trial_response, unique_values
 
 logger = logging.getLogger(__name__)
 
@@ -206,12 +206,7 @@ class BayesianOracle(storage.WholeSaves, kt.Oracle):
         return best_point
 
     def _unique(self, encoding, vector, rng):
-        for _ in range(20):
-            values = encoding.decode(vector)
-            if not self._duplicate(values):
-                return values
-            vector = np.clip(vector + rng.normal(scale=0.05, size=vector.shape), 0.0, 1.0)
-        return self._random_values()
+        return unique_values(self, encoding, vector, rng)
 
     def get_state(self):
         state = super().get_state()

@@ -155,10 +155,11 @@ class BOHBOracle(BayesianOracle):
     # keras-tuner's hook: one call per new trial.
     def populate_space(self, trial_id):
         left = self.budget - self.spent
-        promotion = self._promotion(left)
+        rounds = self._rounds()
+        promotion = self._promotion(rounds, left)
         if promotion is not None:
             return {"status": kt.engine.trial.TrialStatus.RUNNING, "values": promotion}
-        bracket = self._next_bracket(left)
+        bracket = self._next_bracket(rounds, left)
         if bracket is None:
             logger.info("BOHB: budget spent (%d of %d epochs)", self.spent, self.budget)
             return {"status": kt.engine.trial.TrialStatus.STOPPED, "values": None}
@@ -169,7 +170,7 @@ class BOHBOracle(BayesianOracle):
                        "tuner/bracket": bracket, "tuner/round": 0})
         return {"status": kt.engine.trial.TrialStatus.RUNNING, "values": values}
 
-    def _promotion(self, left):
+    def _promotion(self, rounds, left):
         """The values of the best promotable trial at the largest budget, or None.
 
         In each bracket and round, a finished trial is promotable when it is
@@ -178,7 +179,7 @@ class BOHBOracle(BayesianOracle):
         """
         promoted = {t.hyperparameters.values.get("tuner/trial_id") for t in self.trials.values()}
         best = None
-        for (bracket, round_), trials in self._rounds().items():
+        for (bracket, round_), trials in rounds.items():
             if round_ >= bracket:
                 continue
             if self.epochs(bracket, round_ + 1) - self.epochs(bracket, round_) > left:
@@ -210,11 +211,11 @@ class BOHBOracle(BayesianOracle):
                 rounds.setdefault(key, []).append(trial)
         return rounds
 
-    def _next_bracket(self, left):
+    def _next_bracket(self, rounds, left):
         """The bracket furthest behind its share of new configurations in a
         Hyperband iteration (most aggressive first), among those that fit."""
         started = {b: 0 for b in range(self.brackets)}
-        for (bracket, round_), trials in self._rounds().items():
+        for (bracket, round_), trials in rounds.items():
             if round_ == 0 and bracket in started:
                 started[bracket] += len(trials)
         fitting = [b for b in started if self.epochs(b, 0) <= left]

@@ -9,7 +9,6 @@ first, and `pareto_front()` returns all of it.
 """
 
 import contextlib
-import logging
 import random
 
 import keras_tuner as kt
@@ -19,9 +18,7 @@ from deap import base, tools
 from kdist.tune import storage
 from kdist.tune.bayesian import BayesianOracle
 from kdist.tune.compat import keep_seed, trial_number
-from kdist.tune.space import Encoding, trial_response
-
-logger = logging.getLogger(__name__)
+from kdist.tune.space import Encoding, trial_response, unique_values
 
 _COMPLETED = kt.engine.trial.TrialStatus.COMPLETED
 
@@ -245,12 +242,12 @@ class NSGA2Oracle(ParetoTrials, storage.WholeSaves, kt.Oracle):
             return trial_response(self._random_values())
         members = self._members([t for t in self.trials if t != trial_id])
         if len(members) < self.population_size:
-            return trial_response(self._unique(encoding, encoding.random(rng), rng))
+            return trial_response(unique_values(self, encoding, encoding.random(rng), rng))
         with _seeded_random(int(rng.integers(2 ** 31))):
             parents = tools.selNSGA2(members, self.population_size)
             first, second = [list(m) for m in tools.selTournamentDCD(parents, 2)[:2]]
             genes = self._breed(encoding, first, second, rng)
-        return trial_response(self._unique(encoding, genes, rng))
+        return trial_response(unique_values(self, encoding, genes, rng))
 
     def _breed(self, encoding, first, second, rng):
         child, other = tools.cxSimulatedBinaryBounded(list(first), list(second),
@@ -265,14 +262,6 @@ class NSGA2Oracle(ParetoTrials, storage.WholeSaves, kt.Oracle):
         resample = encoding.categorical & (rng.uniform(size=child.shape) < rate)
         mutated[resample] = rng.uniform(size=int(resample.sum()))
         return np.clip(mutated, 0.0, 1.0)
-
-    def _unique(self, encoding, genes, rng):
-        for _ in range(20):
-            values = encoding.decode(genes)
-            if not self._duplicate(values):
-                return values
-            genes = np.clip(genes + rng.normal(scale=0.05, size=genes.shape), 0.0, 1.0)
-        return self._random_values()
 
     def get_state(self):
         state = super().get_state()

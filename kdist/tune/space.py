@@ -22,6 +22,17 @@ def trial_response(values):
     return {"status": kt.engine.trial.TrialStatus.RUNNING, "values": values}
 
 
+def unique_values(oracle, encoding, vector, rng):
+    """The values of `vector`, jittered until no trial of `oracle` has them;
+    random values (None when the space is exhausted) after 20 tries."""
+    for _ in range(20):
+        values = encoding.decode(vector)
+        if not oracle._duplicate(values):
+            return values
+        vector = np.clip(vector + rng.normal(scale=0.05, size=vector.shape), 0.0, 1.0)
+    return oracle._random_values()
+
+
 def _is_categorical(hp):
     return isinstance(hp, hp_module.Choice) and not hp.ordered
 
