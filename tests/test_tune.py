@@ -465,9 +465,9 @@ def test_kfold_tuner_refuses_validation_data(tmp_path):
 def test_module_doctests(tmp_path):
     import doctest
 
-    from kdist.tune import bayesian, genetic, kfold
+    from kdist.tune import bayesian, genetic, kfold, watch
 
-    for module in (bayesian, genetic, kfold, operators):
+    for module in (bayesian, genetic, kfold, operators, watch):
         result = doctest.testmod(module, extraglobs={"np": np, "workdir": str(tmp_path)},
                                  optionflags=doctest.ELLIPSIS)
         assert result.failed == 0, module.__name__

@@ -97,6 +97,38 @@ def test_bohb_promotes_across_groups_within_its_budget(mpirun, tmp_path):
     assert job.rank(1)["built"] > 1 and job.rank(2)["built"] > 1
 
 
+def test_a_group_killed_mid_trial_loses_nothing_and_the_others_finish_the_search(mpirun,
+                                                                                 tmp_path):
+    job = mpirun("tune_search.py", n=3, timeout=400, fault_tolerant=True, check=False,
+                 args=[tmp_path, "--trials", 6, "--kill-group", 1, "--lost-after", 5])
+    assert job.returncode == 0, job.output[-3000:]
+    assert sorted(job.results) == [0, 1]  # rank 2, group 1's only rank, was killed
+    for rank in (0, 1):
+        report = job.rank(rank)
+        assert report["statuses"] == {str(i): "COMPLETED" for i in range(6)}
+        assert sorted(report["ended"]) == [str(i) for i in range(6)]  # each once
+    # Group 1 died in its first trial, so group 0 ran all six, that one included:
+    # one model to learn the space, then 4 folds per trial.
+    assert job.rank(1)["built"] == 1 + 6 * 4
+    assert "giving up on group1" in job.output and "goes back to the queue" in job.output
+    assert "lost group1" in job.output
+
+
+def test_a_stalled_trial_fails_at_its_timeout_and_the_search_ends_without_waiting(mpirun,
+                                                                                  tmp_path):
+    job = mpirun("tune_search.py", n=3, timeout=400,
+                 args=[tmp_path, "--trials", 6, "--stall-trial", 1, "--stall-seconds", 25,
+                       "--trial-timeout", 8])
+    statuses = dict(job.rank(0)["statuses"])
+    assert statuses.pop("1") == "FAILED"
+    assert statuses == {str(i): "COMPLETED" for i in (0, 2, 3, 4, 5)}
+    assert "past trial_timeout=8 s" in job.rank(0)["messages"]["1"]
+    assert sorted(job.rank(0)["ended"]) == [str(i) for i in range(6)]
+    # The stalled group woke up after its trial was failed, and dropped its result.
+    for rank in (1, 2):
+        assert job.rank(rank)["statuses"] == job.rank(0)["statuses"]
+
+
 def test_a_rank_count_that_does_not_divide_into_groups_is_refused():
     # Every rank checks its job's size alike, before any collective, so each one
     # raises this error and the job ends.

@@ -184,6 +184,22 @@ def recv_object(comm, peer, tag):
         return _raw(comm).recv(source=peer, tag=tag)
 
 
+def try_recv_object(comm, peer, tag):
+    """`(True, obj)` if `peer` has sent this rank an object with `tag`, else `(False, None)`.
+
+    Under fault tolerance, raises `PeerFailed` once `peer` is known dead.
+    """
+    raw = _raw(comm)
+    try:
+        if not raw.Iprobe(source=peer, tag=tag):
+            return False, None
+        return True, raw.recv(source=peer, tag=tag)
+    except _mpi().Exception as error:
+        if _is_process_failure(error):
+            raise PeerFailed([peer]) from error
+        raise
+
+
 def poll_object(comm, tag, poll_seconds=0.05):
     """`(source, obj)` of the next object sent to this rank with `tag`, from anyone.
 

@@ -15,6 +15,12 @@ MPI sub-communicators form the groups and teams. Results go to the
 oracle's directory, as in a one-process search, so a rerun of the same
 command resumes with the finished trials kept. The directory must be shared
 by all ranks.
+
+A group's leader sends the oracle a heartbeat while it trains. The oracle
+gives up on a group that has been silent for `lost_after` seconds (its
+process died, or it hangs) and has another group run its trial
+(`kdist.tune.watch`); under MPI's fault tolerance (`kdist run
+--fault-tolerant`) the search then finishes on the groups that are left.
 """
 
 import contextlib
@@ -27,11 +33,11 @@ from concurrent import futures
 import keras_tuner as kt
 
 from kdist.comm import p2p, processes
-from kdist.tune import storage
+from kdist.tune import storage, watch
 
 logger = logging.getLogger(__name__)
 
-DONE_TAG, TRIAL_TAG = 7301, 7302
+DONE_TAG, TRIAL_TAG, FINISHED_TAG = 7301, 7302, 7303
 _ENVIRONMENT = ("KERASTUNER_ORACLE_IP", "KERASTUNER_ORACLE_PORT", "KERASTUNER_TUNER_ID")
 _current = None
 
@@ -107,7 +113,8 @@ def clear_project(directory, project_name):
     return False
 
 
-def search(tuner, *fit_args, folds_per_group=1, workers_per_fold=1, comm=None, **fit_kwargs):
+def search(tuner, *fit_args, folds_per_group=1, workers_per_fold=1, comm=None,
+           lost_after=60.0, trial_timeout=None, **fit_kwargs):
     """Runs `tuner.search(*fit_args, **fit_kwargs)` over all ranks of `comm`.
 
     Every rank calls this with the same tuner settings and arguments. On one
@@ -125,12 +132,25 @@ def search(tuner, *fit_args, folds_per_group=1, workers_per_fold=1, comm=None, *
             `KFoldTuner` sets them up itself; another tuner's model should
             use `kdist.DistributedOptimizer(..., comm=kdist.tune.trial_comm())`.
         comm: the ranks to use (default: all).
+        lost_after: seconds a group may go without a heartbeat while it holds
+            a trial; then the oracle gives up on it and another group runs
+            the trial from the start. Groups given up on get no more trials.
+        trial_timeout: seconds a group may hold one trial (default: no
+            limit); past it the trial ends as failed and the group is given
+            up on.
+
+    A group that dies only leaves the others running when MPI runs with
+    fault tolerance (`kdist run --fault-tolerant`); otherwise MPI ends the
+    job, and the same command run again resumes the search.
     """
     global _current
+    lost_after, trial_timeout = watch.check_timeouts(lost_after, trial_timeout)
     if comm is None:
         processes.init()
         comm = processes.world()
     if comm.size == 1:
+        if trial_timeout is not None:
+            logger.warning("trial_timeout has no effect in a search on one process")
         return tuner.search(*fit_args, **fit_kwargs)
     from kdist.tune.kfold import KFoldTuner
 
@@ -145,27 +165,31 @@ def search(tuner, *fit_args, folds_per_group=1, workers_per_fold=1, comm=None, *
     # Every rank has built its tuner (and cleared an overwritten directory) before
     # the oracle writes anything.
     comm.barrier()
-    address = _start_service(tuner, roles) if roles.is_master else None
+    address = (_start_service(tuner, roles, lost_after, trial_timeout) if roles.is_master
+               else None)
     address = comm.bcast_object(address)
     _current = roles
     try:
         if roles.is_master:
             _serve(tuner, roles, *address)
         elif roles.is_leader:
-            _lead(tuner, roles, address, fit_args, fit_kwargs)
+            with _progressing(roles.comm):
+                _lead(tuner, roles, address, lost_after, fit_args, fit_kwargs)
         else:
-            _follow(tuner, roles, fit_args, fit_kwargs)
+            with _progressing(roles.comm):
+                _follow(tuner, roles, fit_args, fit_kwargs)
     finally:
         _current = None
-    comm.barrier()
+    # Not a barrier: ranks of lost groups may be dead or hung.
     if not roles.is_master:
+        _wait_for(roles.comm, 0, FINISHED_TAG)
         tuner.oracle.reload()
         # Ties then rank alike here and on the master.
         storage.order_trials(tuner.oracle)
     return None
 
 
-def _start_service(tuner, roles):
+def _start_service(tuner, roles, lost_after, trial_timeout):
     import grpc
     from keras_tuner.src import protos
     from keras_tuner.src.distribute import oracle_chief
@@ -173,8 +197,9 @@ def _start_service(tuner, roles):
     local = processes.local_size() == roles.comm.size
     host = "127.0.0.1" if local else socket.gethostbyname(socket.gethostname())
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=max(2, roles.groups)))
+    roles.watch = watch.GroupWatch(tuner.oracle, lost_after, trial_timeout)
     protos.get_service_grpc().add_OracleServicer_to_server(
-        oracle_chief.OracleServicer(tuner.oracle), server)
+        oracle_chief.OracleServicer(roles.watch), server)
     port = server.add_insecure_port(f"{'127.0.0.1' if local else '0.0.0.0'}:0")
     if not port:
         raise RuntimeError("Could not open a port for keras-tuner's oracle service.")
@@ -188,51 +213,183 @@ def _start_service(tuner, roles):
 
 def _serve(tuner, roles, host, port):
     started = time.perf_counter()
-    waiting = set(roles.leaders)
+    waiting = {f"group{g}": leader for g, leader in enumerate(roles.leaders)}
     try:
         while waiting:
-            leader, _ = p2p.poll_object(roles.comm, DONE_TAG)
-            waiting.discard(leader)
+            for tuner_id, leader in list(waiting.items()):
+                try:
+                    done, _ = p2p.try_recv_object(roles.comm, leader, DONE_TAG)
+                except p2p.PeerFailed:
+                    roles.watch.give_up(tuner_id, f"its leader, rank {leader}, died")
+                    done = True
+                if done:
+                    del waiting[tuner_id]
+            for tuner_id in roles.watch.check():
+                waiting.pop(tuner_id, None)
+            time.sleep(0.05)
+        # Before the service closes: a group given up on that is still running
+        # then stops asking it (see _PatientClient).
+        _tell_everyone_finished(roles)
+        time.sleep(0.5)
     finally:
         roles.server.stop(grace=None)
     trials = tuner.oracle.trials.values()
     counts = {}
     for trial in trials:
         counts[trial.status] = counts.get(trial.status, 0) + 1
-    logger.info("search done in %.1f s: %s", time.perf_counter() - started,
-                ", ".join(f"{n} {s.lower()}" for s, n in sorted(counts.items())))
+    lost = sorted(roles.watch.lost)
+    logger.info("search done in %.1f s: %s%s", time.perf_counter() - started,
+                ", ".join(f"{n} {s.lower()}" for s, n in sorted(counts.items())),
+                f"; lost {', '.join(lost)}" if lost else "")
+
+
+def _tell_everyone_finished(roles):
+    for rank in range(1, roles.comm.size):
+        try:
+            p2p.send_object(roles.comm, rank, None, FINISHED_TAG)
+        except Exception as error:  # noqa: BLE001  (a dead rank, under fault tolerance)
+            logger.debug("rank %d did not hear the end of the search: %s", rank, error)
+
+
+def _wait_for(comm, source, tag):
+    while not p2p.try_recv_object(comm, source, tag)[0]:
+        time.sleep(0.05)
 
 
 class _PatientClient:
-    """keras-tuner's `OracleClient`, pausing when the oracle has no trial yet."""
+    """keras-tuner's `OracleClient`, pausing when the oracle has no trial yet,
+    and silent once the search is over.
 
-    def __init__(self, oracle):
+    A group the oracle gave up on may still be running when the other groups
+    finish and the service closes; keras-tuner's client would then wait an
+    hour for it. So each call first checks whether the master has announced
+    the end (which it does before it closes the service).
+    """
+
+    def __init__(self, oracle, comm):
         from keras_tuner.src.distribute import oracle_client
 
         self._client = oracle_client.OracleClient(oracle)
+        self._local, self._comm = oracle, comm
 
     def __getattr__(self, name):
         return getattr(self._client, name)
 
+    def _over(self):
+        return self._comm.mpi.Iprobe(source=0, tag=FINISHED_TAG)
+
+    def _unserved(self, trial_id=None, status=kt.engine.trial.TrialStatus.RUNNING):
+        return kt.engine.trial.Trial(self._local.get_space(), trial_id=trial_id, status=status)
+
+    def update_trial(self, trial_id, metrics, step=0):
+        if self._over():
+            return self._unserved(trial_id)
+        return self._client.update_trial(trial_id, metrics, step=step)
+
+    def end_trial(self, trial):
+        if self._over():
+            logger.warning("trial %s ended after the search did; its result is dropped",
+                           trial.trial_id)
+            return None
+        return self._client.end_trial(trial)
+
+    def get_trial(self, trial_id):
+        return self._unserved(trial_id) if self._over() else self._client.get_trial(trial_id)
+
     def create_trial(self, tuner_id):
+        if self._over():
+            return self._unserved(status=kt.engine.trial.TrialStatus.STOPPED)
         trial = self._client.create_trial(tuner_id)
         if trial.status == kt.engine.trial.TrialStatus.IDLE:
             # A generational oracle waits for other groups' trials.
             time.sleep(0.2)
         return trial
 
+    def beat(self, tuner_id, trial_id, timeout):
+        """Tells the oracle this group still runs `trial_id`; False if the
+        oracle has given the trial to another group meanwhile."""
+        from keras_tuner.src import protos
 
-def _lead(tuner, roles, address, fit_args, fit_kwargs):
+        request = protos.get_service().GetTrialRequest(trial_id=watch.beat_id(tuner_id,
+                                                                               trial_id))
+        response = self._client.stub.GetTrial(request, timeout=timeout)
+        return response.trial.status != kt.engine.trial.TrialStatus.STOPPED
+
+
+@contextlib.contextmanager
+def _progressing(comm, every=0.1):
+    """Keeps MPI's progress engine turning from a thread while the block runs.
+
+    Under fault tolerance Open MPI's failure detector sends this process's
+    heartbeats only from inside MPI calls; a group that trains for seconds
+    without one would be declared dead by the others.
+    """
+    import threading
+
+    stop = threading.Event()
+
+    def turn():
+        while not stop.wait(every):
+            try:
+                comm.mpi.Iprobe(source=0, tag=FINISHED_TAG)
+            except Exception:  # noqa: BLE001  (the master died: the job ends anyway)
+                return
+
+    thread = threading.Thread(target=turn, name="kdist-mpi-progress", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+@contextlib.contextmanager
+def _beating(client, tuner_id, trial_id, lost_after):
+    """Sends heartbeats for the trial from a thread for as long as the block runs.
+
+    From a thread, so that a long step does not silence the group; a process
+    that dies or is stopped goes silent.
+    """
+    import threading
+
+    interval = max(0.2, min(5.0, lost_after / 6))
+    stop = threading.Event()
+
+    def beat():
+        taken = False
+        while not stop.wait(interval):
+            try:
+                held = client.beat(tuner_id, trial_id, timeout=interval)
+            except Exception as error:  # noqa: BLE001  (the next beat tries again)
+                logger.debug("heartbeat for trial %s: %s", trial_id, error)
+                continue
+            if not held and not taken:
+                taken = True
+                logger.warning("the oracle has given trial %s to another group; this group "
+                               "finishes it, and the first result to arrive counts", trial_id)
+
+    thread = threading.Thread(target=beat, name=f"kdist-beat-{tuner_id}", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+def _lead(tuner, roles, address, lost_after, fit_args, fit_kwargs):
     saved_environment = {name: os.environ.get(name) for name in _ENVIRONMENT}
     os.environ.update(KERASTUNER_ORACLE_IP=address[0], KERASTUNER_ORACLE_PORT=str(address[1]),
                       KERASTUNER_TUNER_ID=f"group{roles.group}")
     oracle, run_trial = tuner.oracle, tuner.run_trial
-    tuner.oracle = _PatientClient(oracle)
+    tuner.oracle = _PatientClient(oracle, roles.comm)
     tuner.tuner_id = f"group{roles.group}"
 
     def lead_trial(trial, *args, **kwargs):
         _tell_group(roles, ("trial", trial.get_state()))
-        return _run_together(roles, run_trial, trial, args, kwargs)
+        with _beating(tuner.oracle, tuner.tuner_id, trial.trial_id, lost_after):
+            return _run_together(roles, run_trial, trial, args, kwargs)
 
     tuner.run_trial = lead_trial
     try:

@@ -6,7 +6,7 @@ import keras_tuner as kt
 import numpy as np
 
 from kdist.comm import processes
-from kdist.tune import distributed, storage
+from kdist.tune import distributed, storage, watch
 
 logger = logging.getLogger(__name__)
 
@@ -213,18 +213,23 @@ class KFoldTuner(kt.Tuner):
             f"{n} {metrics[n]:.4g} ± {metrics[n + '_std']:.2g}" for n in names))
         return metrics, best
 
-    def search(self, *fit_args, folds_per_group=1, workers_per_fold=1, **fit_kwargs):
+    def search(self, *fit_args, folds_per_group=1, workers_per_fold=1, lost_after=60.0,
+               trial_timeout=None, **fit_kwargs):
         """Searches; under MPI with more than one rank, as `kdist.tune.search` does.
 
         `folds_per_group` fold teams share each trial's folds, each of
         `workers_per_fold` data-parallel ranks: with N ranks there are
         `(N - 1) / (folds_per_group * workers_per_fold)` groups.
+        `lost_after` and `trial_timeout` are `kdist.tune.search`'s.
         """
+        watch.check_timeouts(lost_after, trial_timeout)
         if distributed.current_roles() is None:
             processes.init()
             if processes.size() > 1:
                 return distributed.search(self, *fit_args, folds_per_group=folds_per_group,
-                                          workers_per_fold=workers_per_fold, **fit_kwargs)
+                                          workers_per_fold=workers_per_fold,
+                                          lost_after=lost_after, trial_timeout=trial_timeout,
+                                          **fit_kwargs)
         return super().search(*fit_args, **fit_kwargs)
 
     def save_model(self, trial_id, model, step=0):

@@ -2,6 +2,7 @@
 
 Usage: tune_search.py DIRECTORY [--oracle genetic|bayesian|bohb] [--trials T] [--folds-per-group F]
        [--workers-per-fold W] [--fail-trial ID] [--die-after K] [--generic]
+       [--kill-group G] [--lost-after S] [--trial-timeout S] [--stall-trial ID]
 """
 
 import argparse
@@ -22,6 +23,12 @@ parser.add_argument("--fail-trial", help="this trial raises on the group's last 
 parser.add_argument("--die-after", type=int, help="the master kills the job after K trials")
 parser.add_argument("--generic", action="store_true", help="a stock tuner, no K-fold")
 parser.add_argument("--overwrite", action="store_true")
+parser.add_argument("--kill-group", type=int,
+                    help="this group's leader kills itself (SIGKILL) during its first trial")
+parser.add_argument("--stall-trial", help="this trial's first build sleeps --stall-seconds")
+parser.add_argument("--stall-seconds", type=float, default=20.0)
+parser.add_argument("--lost-after", type=float, default=60.0)
+parser.add_argument("--trial-timeout", type=float)
 args = parser.parse_args()
 
 import keras  # noqa: E402
@@ -34,7 +41,7 @@ kdist.init()
 rng = np.random.default_rng(0)
 x = rng.normal(size=(240, 6)).astype("float32")
 y = (x[:, 0] - x[:, 1] > 0).astype("int64")
-built = []
+built, stalled = [], []
 
 
 def build(hp):
@@ -43,6 +50,18 @@ def build(hp):
     if (args.fail_trial is not None and roles is not None and trial_id == args.fail_trial
             and roles.group_comm.rank == roles.group_comm.size - 1):
         raise ValueError("this trial's model cannot be built here")
+    if (args.kill_group is not None and roles is not None and roles.is_leader
+            and roles.group == args.kill_group and len(built) == 2):
+        import signal
+        import threading
+
+        # Mid-trial: the group's first fold is training by then.
+        threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGKILL)).start()
+    if args.stall_trial is not None and trial_id == args.stall_trial and not stalled:
+        import time
+
+        stalled.append(trial_id)
+        time.sleep(args.stall_seconds)
     model = keras.Sequential([keras.Input((6,)),
                               keras.layers.Dense(hp.Int("units", 4, 32, step=4),
                                                  activation="relu"),
@@ -118,10 +137,12 @@ else:
     tuner = Tracking(build, oracle=oracle(), folds=4, directory=args.directory,
                      project_name="search", overwrite=args.overwrite)
     tuner.search(x, y, epochs=2, verbose=0, folds_per_group=args.folds_per_group,
-                 workers_per_fold=args.workers_per_fold)
+                 workers_per_fold=args.workers_per_fold, lost_after=args.lost_after,
+                 trial_timeout=args.trial_timeout)
 trials = tuner.oracle.trials
 report({"statuses": {t.trial_id: t.status for t in trials.values()},
         "messages": {t.trial_id: t.message for t in trials.values() if t.message},
         "best": tuner.get_best_hyperparameters(1)[0].values,
         "values": {t.trial_id: t.hyperparameters.values for t in trials.values()},
-        "built": len(built), "roles": None})
+        "built": len(built), "roles": None,
+        "ended": list(tuner.oracle.end_order), "started": list(tuner.oracle.start_order)})
