@@ -114,17 +114,33 @@ def test_a_group_killed_mid_trial_loses_nothing_and_the_others_finish_the_search
     assert "lost group1" in job.output
 
 
+def test_a_group_whose_follower_dies_leaves_and_its_trial_goes_to_another(mpirun, tmp_path):
+    job = mpirun("tune_search.py", n=5, timeout=400, fault_tolerant=True, check=False,
+                 args=[tmp_path, "--trials", 6, "--folds-per-group", 2, "--kill-group", 1,
+                       "--kill-follower", "--lost-after", 5])
+    assert job.returncode == 0, job.output[-3000:]
+    assert sorted(job.results) == [0, 1, 2, 3]  # rank 4, group 1's follower, was killed
+    for rank in range(4):
+        report = job.rank(rank)
+        assert report["statuses"] == {str(i): "COMPLETED" for i in range(6)}
+        assert sorted(report["ended"]) == [str(i) for i in range(6)]
+    # Group 0's fold teams built 2 folds of every trial, after one model for the space.
+    assert job.rank(1)["built"] == job.rank(2)["built"] == 1 + 6 * 2
+    assert "group 1 lost a rank during trial" in job.output
+    assert "giving up on group1 (it lost a rank during its trial)" in job.output
+
+
 def test_a_stalled_trial_fails_at_its_timeout_and_the_search_ends_without_waiting(mpirun,
                                                                                   tmp_path):
     job = mpirun("tune_search.py", n=3, timeout=400,
-                 args=[tmp_path, "--trials", 6, "--stall-trial", 1, "--stall-seconds", 25,
-                       "--trial-timeout", 8])
+                 args=[tmp_path, "--trials", 6, "--stall-trial", 1, "--trial-timeout", 40])
     statuses = dict(job.rank(0)["statuses"])
     assert statuses.pop("1") == "FAILED"
     assert statuses == {str(i): "COMPLETED" for i in (0, 2, 3, 4, 5)}
-    assert "past trial_timeout=8 s" in job.rank(0)["messages"]["1"]
+    assert "past trial_timeout=40 s" in job.rank(0)["messages"]["1"]
     assert sorted(job.rank(0)["ended"]) == [str(i) for i in range(6)]
-    # The stalled group woke up after its trial was failed, and dropped its result.
+    # The stalled group woke up after the search had ended, and dropped its result.
+    assert "ended after the search did; its result is dropped" in job.output
     for rank in (1, 2):
         assert job.rank(rank)["statuses"] == job.rank(0)["statuses"]
 

@@ -222,6 +222,8 @@ def _serve(tuner, roles, host, port):
                 except p2p.PeerFailed:
                     roles.watch.give_up(tuner_id, f"its leader, rank {leader}, died")
                     done = True
+                if done and roles.watch.holds(tuner_id) is not None:
+                    roles.watch.give_up(tuner_id, "it lost a rank during its trial")
                 if done:
                     del waiting[tuner_id]
             for tuner_id in roles.watch.check():
@@ -313,7 +315,18 @@ class _PatientClient:
         request = protos.get_service().GetTrialRequest(trial_id=watch.beat_id(tuner_id,
                                                                                trial_id))
         response = self._client.stub.GetTrial(request, timeout=timeout)
-        return response.trial.status != kt.engine.trial.TrialStatus.STOPPED
+        trial = kt.engine.trial.Trial.from_proto(response.trial)
+        return trial.status != kt.engine.trial.TrialStatus.STOPPED
+
+
+class _GroupBroken(kt.errors.FatalError):
+    """A rank of this group died: the group leaves the search, its trial unreported."""
+
+
+def _lost_a_rank(error):
+    from kdist.comm import recovery
+
+    return isinstance(error, p2p.PeerFailed) or recovery.caused_by_lost_ranks(error)
 
 
 @contextlib.contextmanager
@@ -326,6 +339,9 @@ def _progressing(comm, every=0.1):
     """
     import threading
 
+    if not processes.mpi_threads_supported():
+        yield  # MPI calls from a second thread are not allowed here
+        return
     stop = threading.Event()
 
     def turn():
@@ -387,13 +403,23 @@ def _lead(tuner, roles, address, lost_after, fit_args, fit_kwargs):
     tuner.tuner_id = f"group{roles.group}"
 
     def lead_trial(trial, *args, **kwargs):
-        _tell_group(roles, ("trial", trial.get_state()))
-        with _beating(tuner.oracle, tuner.tuner_id, trial.trial_id, lost_after):
-            return _run_together(roles, run_trial, trial, args, kwargs)
+        try:
+            _tell_group(roles, ("trial", trial.get_state()))
+            with _beating(tuner.oracle, tuner.tuner_id, trial.trial_id, lost_after):
+                return _run_together(roles, run_trial, trial, args, kwargs)
+        except Exception as error:
+            if _lost_a_rank(error):
+                raise _GroupBroken(f"group {roles.group} lost a rank during trial "
+                                   f"{trial.trial_id}: {error}") from error
+            raise
 
     tuner.run_trial = lead_trial
     try:
         tuner.search(*fit_args, **fit_kwargs)
+    except _GroupBroken as error:
+        # The oracle hears of it by this group's end while it holds a trial.
+        logger.warning("%s; the group leaves the search, and its trial goes to another "
+                       "group", error)
     finally:
         _tell_group(roles, ("stop", None))
         p2p.send_object(roles.comm, 0, roles.group, DONE_TAG)
@@ -442,7 +468,12 @@ def _team_starts_alike(run_trial, roles):
 
 def _tell_group(roles, message):
     for member in range(1, roles.group_comm.size):
-        p2p.send_object(roles.group_comm, member, message, TRIAL_TAG)
+        try:
+            p2p.send_object(roles.group_comm, member, message, TRIAL_TAG)
+        except Exception as error:
+            # A dead member need not hear that the group stops; the others do.
+            if message[0] == "trial" or not _lost_a_rank(error):
+                raise
 
 
 def _follow(tuner, roles, fit_args, fit_kwargs):
@@ -457,11 +488,20 @@ def _follow(tuner, roles, fit_args, fit_kwargs):
     try:
         while True:
             # Polled, not a collective: the leader may wait long for the oracle.
-            _, (kind, state) = p2p.poll_object(roles.group_comm, TRIAL_TAG)
+            found, message = p2p.try_recv_object(roles.group_comm, 0, TRIAL_TAG)
+            if not found:
+                time.sleep(0.05)
+                continue
+            kind, state = message
             if kind == "stop":
                 return
             trial = kt.engine.trial.Trial.from_state(state)
             _run_together(roles, tuner.run_trial, trial, fit_args, fit_kwargs)
+    except Exception as error:
+        if not _lost_a_rank(error):
+            raise
+        logger.warning("group %d lost a rank (%s); this rank leaves the search", roles.group,
+                       error)
     finally:
         del tuner._get_checkpoint_fname
         shutil.rmtree(private, ignore_errors=True)

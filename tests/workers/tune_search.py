@@ -25,8 +25,10 @@ parser.add_argument("--generic", action="store_true", help="a stock tuner, no K-
 parser.add_argument("--overwrite", action="store_true")
 parser.add_argument("--kill-group", type=int,
                     help="this group's leader kills itself (SIGKILL) during its first trial")
-parser.add_argument("--stall-trial", help="this trial's first build sleeps --stall-seconds")
-parser.add_argument("--stall-seconds", type=float, default=20.0)
+parser.add_argument("--kill-follower", action="store_true",
+                    help="with --kill-group: the group's last rank dies instead")
+parser.add_argument("--stall-trial",
+                    help="this trial's first build sleeps until rank 0 has reported")
 parser.add_argument("--lost-after", type=float, default=60.0)
 parser.add_argument("--trial-timeout", type=float)
 args = parser.parse_args()
@@ -50,8 +52,9 @@ def build(hp):
     if (args.fail_trial is not None and roles is not None and trial_id == args.fail_trial
             and roles.group_comm.rank == roles.group_comm.size - 1):
         raise ValueError("this trial's model cannot be built here")
-    if (args.kill_group is not None and roles is not None and roles.is_leader
-            and roles.group == args.kill_group and len(built) == 2):
+    last = roles is not None and roles.group_comm.rank == roles.group_comm.size - 1
+    if (args.kill_group is not None and roles is not None and roles.group == args.kill_group
+            and (last if args.kill_follower else roles.is_leader) and len(built) == 2):
         import signal
         import threading
 
@@ -61,7 +64,12 @@ def build(hp):
         import time
 
         stalled.append(trial_id)
-        time.sleep(args.stall_seconds)
+        # Until the search is over without this group (bounded, should it never be).
+        reported = os.path.join(os.environ["KDIST_TEST_REPORTS"], "rank-0.json")
+        for _ in range(1200):
+            if os.path.exists(reported):
+                break
+            time.sleep(0.1)
     model = keras.Sequential([keras.Input((6,)),
                               keras.layers.Dense(hp.Int("units", 4, 32, step=4),
                                                  activation="relu"),
