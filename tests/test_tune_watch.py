@@ -24,6 +24,21 @@ def _oracle(tmp_path, max_trials=4):
     return oracle
 
 
+def _watch(tmp_path, **settings):
+    clock = Clock()
+    oracle = _oracle(tmp_path)
+    return clock, oracle, GroupWatch(oracle, clock=clock, **settings)
+
+
+def _given_up_on_group0(tmp_path):
+    """A watch that has just given up on group0, which held a trial."""
+    clock, oracle, watch = _watch(tmp_path, lost_after=10)
+    trial = watch.create_trial("group0")
+    clock.now = 11.0
+    assert watch.check() == ["group0"]
+    return oracle, watch, trial
+
+
 def _finish(watch, trial, loss):
     watch.update_trial(trial.trial_id, {"loss": loss})
     trial.status = "COMPLETED"
@@ -31,9 +46,7 @@ def _finish(watch, trial, loss):
 
 
 def test_a_silent_group_loses_its_trial_to_the_next_group_with_its_metrics_cleared(tmp_path):
-    clock = Clock()
-    oracle = _oracle(tmp_path)
-    watch = GroupWatch(oracle, lost_after=10, clock=clock)
+    clock, oracle, watch = _watch(tmp_path, lost_after=10)
     first = watch.create_trial("group0")
     watch.update_trial(first.trial_id, {"loss": 5.0})
     values = dict(first.hyperparameters.values)
@@ -56,9 +69,7 @@ def test_a_silent_group_loses_its_trial_to_the_next_group_with_its_metrics_clear
 
 
 def test_heartbeats_keep_a_group_that_trains_for_long_alive(tmp_path):
-    clock = Clock()
-    oracle = _oracle(tmp_path)
-    watch = GroupWatch(oracle, lost_after=10, clock=clock)
+    clock, _, watch = _watch(tmp_path, lost_after=10)
     trial = watch.create_trial("group0")
     for second in range(5, 60, 5):
         clock.now = float(second)
@@ -68,12 +79,7 @@ def test_heartbeats_keep_a_group_that_trains_for_long_alive(tmp_path):
 
 
 def test_a_late_result_counts_once_whichever_group_sends_it_first(tmp_path):
-    clock = Clock()
-    oracle = _oracle(tmp_path)
-    watch = GroupWatch(oracle, lost_after=10, clock=clock)
-    trial = watch.create_trial("group0")
-    clock.now = 11.0
-    watch.check()
+    oracle, watch, trial = _given_up_on_group0(tmp_path)
     taken = watch.create_trial("group1")
     assert taken.trial_id == trial.trial_id
     # group1's heartbeat still holds it; group0's learns it was taken.
@@ -91,12 +97,7 @@ def test_a_late_result_counts_once_whichever_group_sends_it_first(tmp_path):
 
 
 def test_a_lost_groups_result_is_taken_while_its_trial_waits_in_the_queue(tmp_path):
-    clock = Clock()
-    oracle = _oracle(tmp_path)
-    watch = GroupWatch(oracle, lost_after=10, clock=clock)
-    trial = watch.create_trial("group0")
-    clock.now = 11.0
-    watch.check()
+    oracle, watch, trial = _given_up_on_group0(tmp_path)
     assert oracle._retry_queue == [trial.trial_id]
     _finish(watch, trial, 2.0)
     assert oracle._retry_queue == [] and oracle.trials[trial.trial_id].status == "COMPLETED"
@@ -104,9 +105,7 @@ def test_a_lost_groups_result_is_taken_while_its_trial_waits_in_the_queue(tmp_pa
 
 
 def test_a_trial_past_its_timeout_fails_and_is_not_run_again(tmp_path):
-    clock = Clock()
-    oracle = _oracle(tmp_path)
-    watch = GroupWatch(oracle, lost_after=10, trial_timeout=30, clock=clock)
+    clock, oracle, watch = _watch(tmp_path, lost_after=10, trial_timeout=30)
     trial = watch.create_trial("group0")
     for second in range(5, 35, 5):
         clock.now = float(second)
@@ -131,12 +130,7 @@ def test_a_group_that_stopped_asking_is_not_reported_lost(tmp_path):
 
 
 def test_the_queue_survives_a_reload(tmp_path):
-    clock = Clock()
-    oracle = _oracle(tmp_path)
-    watch = GroupWatch(oracle, lost_after=10, clock=clock)
-    trial = watch.create_trial("group0")
-    clock.now = 11.0
-    watch.check()
+    _, _, trial = _given_up_on_group0(tmp_path)
     reloaded = _oracle(tmp_path)
     reloaded.reload()
     assert trial.trial_id in reloaded._retry_queue

@@ -330,28 +330,18 @@ def _lost_a_rank(error):
 
 
 @contextlib.contextmanager
-def _progressing(comm, every=0.1):
-    """Keeps MPI's progress engine turning from a thread while the block runs.
-
-    Under fault tolerance Open MPI's failure detector sends this process's
-    heartbeats only from inside MPI calls; a group that trains for seconds
-    without one would be declared dead by the others.
-    """
+def _every(seconds, action, name):
+    """Calls `action()` from a thread every `seconds` while the block runs,
+    until it returns False."""
     import threading
 
-    if not processes.mpi_threads_supported():
-        yield  # MPI calls from a second thread are not allowed here
-        return
     stop = threading.Event()
 
-    def turn():
-        while not stop.wait(every):
-            try:
-                comm.mpi.Iprobe(source=0, tag=FINISHED_TAG)
-            except Exception:  # noqa: BLE001  (the master died: the job ends anyway)
-                return
+    def repeat():
+        while not stop.wait(seconds) and action() is not False:
+            pass
 
-    thread = threading.Thread(target=turn, name="kdist-mpi-progress", daemon=True)
+    thread = threading.Thread(target=repeat, name=name, daemon=True)
     thread.start()
     try:
         yield
@@ -361,37 +351,50 @@ def _progressing(comm, every=0.1):
 
 
 @contextlib.contextmanager
+def _progressing(comm, every=0.1):
+    """Keeps MPI's progress engine turning from a thread while the block runs.
+
+    Under fault tolerance Open MPI's failure detector sends this process's
+    heartbeats only from inside MPI calls; a group that trains for seconds
+    without one would be declared dead by the others.
+    """
+    if not processes.mpi_threads_supported():
+        yield  # MPI calls from a second thread are not allowed here
+        return
+
+    def turn():
+        try:
+            comm.mpi.Iprobe(source=0, tag=FINISHED_TAG)
+        except Exception:  # noqa: BLE001  (the master died: the job ends anyway)
+            return False
+        return True
+
+    with _every(every, turn, "kdist-mpi-progress"):
+        yield
+
+
 def _beating(client, tuner_id, trial_id, lost_after):
     """Sends heartbeats for the trial from a thread for as long as the block runs.
 
     From a thread, so that a long step does not silence the group; a process
     that dies or is stopped goes silent.
     """
-    import threading
-
     interval = max(0.2, min(5.0, lost_after / 6))
-    stop = threading.Event()
+    warned = []
 
     def beat():
-        taken = False
-        while not stop.wait(interval):
-            try:
-                held = client.beat(tuner_id, trial_id, timeout=interval)
-            except Exception as error:  # noqa: BLE001  (the next beat tries again)
-                logger.debug("heartbeat for trial %s: %s", trial_id, error)
-                continue
-            if not held and not taken:
-                taken = True
-                logger.warning("the oracle has given trial %s to another group; this group "
-                               "finishes it, and the first result to arrive counts", trial_id)
+        try:
+            held = client.beat(tuner_id, trial_id, timeout=interval)
+        except Exception as error:  # noqa: BLE001  (the next beat tries again)
+            logger.debug("heartbeat for trial %s: %s", trial_id, error)
+            return True
+        if not held and not warned:
+            warned.append(trial_id)
+            logger.warning("the oracle has given trial %s to another group; this group "
+                           "finishes it, and the first result to arrive counts", trial_id)
+        return True
 
-    thread = threading.Thread(target=beat, name=f"kdist-beat-{tuner_id}", daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join()
+    return _every(interval, beat, f"kdist-beat-{tuner_id}")
 
 
 def _lead(tuner, roles, address, lost_after, fit_args, fit_kwargs):

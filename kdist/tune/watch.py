@@ -163,10 +163,7 @@ class GroupWatch:
     def give_up(self, tuner_id, reason):
         """Takes `tuner_id`'s trial back for another group to run; it gets no more trials."""
         with self._lock:
-            self.lost.add(tuner_id)
-            self._heard.pop(tuner_id, None)
-            self.oracle.tuner_ids.discard(tuner_id)
-            held = self._held.pop(tuner_id, None)
+            held = self._drop(tuner_id)
             if held is None:
                 logger.warning("giving up on %s: %s", tuner_id, reason)
                 return
@@ -182,11 +179,15 @@ class GroupWatch:
             logger.warning("giving up on %s (%s); trial %s goes back to the queue", tuner_id,
                            reason, trial.trial_id)
 
-    def _fail(self, tuner_id, trial_id, held_for):
+    def _drop(self, tuner_id):
+        """Marks `tuner_id` lost; returns what it held, `(trial id, since)` or None."""
         self.lost.add(tuner_id)
         self._heard.pop(tuner_id, None)
         self.oracle.tuner_ids.discard(tuner_id)
-        del self._held[tuner_id]
+        return self._held.pop(tuner_id, None)
+
+    def _fail(self, tuner_id, trial_id, held_for):
+        self._drop(tuner_id)
         trial = self.oracle.trials[trial_id]
         trial.status = _STATUS.FAILED
         trial.message = (f"{tuner_id} held it for {held_for:.0f} s, past trial_timeout="
