@@ -7,19 +7,24 @@
 >>> model.compile("adam", "mse")  # then fit with callbacks=[kdist.sparsity.UpdatePruning()]
 >>> final = kdist.sparsity.strip(model)
 
-tf_keras models are handed to tensorflow-model-optimization (extra `tfmot`).
+tf_keras models are handed to tensorflow-model-optimization (extra `tfmot`);
+`kdist.tfmot` gives tfmot's own import paths for Keras 3 models.
 """
 
-from kdist.sparsity.callbacks import UpdatePruning, sparsity_of
-from kdist.sparsity.pruning import PruneLowMagnitude, magnitude_mask, prune, pruned_layers
+from kdist.sparsity.annotation import (QuantizeAnnotate, quantize_annotate_layer,
+                                       quantize_annotate_model, quantize_apply)
+from kdist.sparsity.callbacks import PruningSummaries, UpdatePruning, sparsity_of
+from kdist.sparsity.pruning import (PrunableLayer, PruneLowMagnitude, magnitude_mask, prune,
+                                    pruned_layers)
 from kdist.sparsity.quantization import (QuantizeAware, export_quantized, fake_quantize,
                                          quantize, quantize_array)
 from kdist.sparsity.schedules import ConstantSparsity, PolynomialDecay, PruningSchedule
 from kdist.sparsity.wrapping import KernelWrapper, strip
 
 __all__ = [
-    "ConstantSparsity", "KernelWrapper", "PolynomialDecay", "PruneLowMagnitude",
-    "PruningSchedule", "QuantizeAware", "UpdatePruning", "export_quantized", "fake_quantize",
-    "magnitude_mask", "prune", "pruned_layers", "quantize", "quantize_array", "sparsity_of",
-    "strip",
+    "ConstantSparsity", "KernelWrapper", "PolynomialDecay", "PrunableLayer",
+    "PruneLowMagnitude", "PruningSchedule", "PruningSummaries", "QuantizeAnnotate",
+    "QuantizeAware", "UpdatePruning", "export_quantized", "fake_quantize", "magnitude_mask",
+    "prune", "pruned_layers", "quantize", "quantize_annotate_layer", "quantize_annotate_model",
+    "quantize_apply", "quantize_array", "sparsity_of", "strip",
 ]

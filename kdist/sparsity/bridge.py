@@ -32,8 +32,12 @@ def tfmot():
 
 
 def schedule(kdist_schedule):
-    sparsity = tfmot().sparsity.keras
-    return getattr(sparsity, type(kdist_schedule).__name__)(**kdist_schedule.get_config())
+    """tfmot's schedule of the same kind; a user's subclass goes as it is
+    (tfmot calls it with a step tensor, as kdist's base class allows)."""
+    name = type(kdist_schedule).__name__
+    if type(kdist_schedule).__module__ != "kdist.sparsity.schedules":
+        return kdist_schedule
+    return getattr(tfmot().sparsity.keras, name)(**kdist_schedule.get_config()["config"])
 
 
 def prune(model, kdist_schedule, skip):

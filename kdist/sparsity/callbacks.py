@@ -1,6 +1,7 @@
 """The callback that moves pruning masks along their schedules, and sparsity reports."""
 
 import logging
+import os
 
 import keras
 import numpy as np
@@ -21,8 +22,10 @@ def sparsity_of(model):
 class UpdatePruning(keras.callbacks.Callback):
     """Updates the masks of a `prune()`d model on its schedule's steps.
 
-    Steps are the optimizer's `iterations`, so a resumed run (see
-    `kdist.callbacks.Checkpoint`) continues the schedule where it stopped. At
+    Steps are counted by each pruned layer (`pruning_step`, saved with the
+    model) and advance with the optimizer's `iterations`, so a resumed run
+    (see `kdist.callbacks.Checkpoint`), a recompiled model and a pruned model
+    that is then quantised continue the schedule where it stopped. At
     each epoch's end the sparsity of every pruned layer goes into the logs as
     `sparsity/<layer>` (History, CSVLogger, TensorBoard) and to the log.
 
@@ -80,12 +83,21 @@ class UpdatePruning(keras.callbacks.Callback):
                              "compile the model first.")
         self._last_step = None
         self._pending = {}
+        # The layers' own step counts go on from where they are, whatever
+        # optimizer this run has: step = iterations - origin. Layers that have
+        # not counted yet (new, or saved before they counted) follow the optimizer.
+        done = max((int(keras.ops.convert_to_numpy(w.pruning_step))
+                    for w in self._wrappers if w.built), default=0)
+        self._origin = self._iterations() - done if done else 0
+
+    def _iterations(self):
+        return int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
 
     def on_train_batch_begin(self, batch, logs=None):
         if self._delegate is not None:
             self._delegate.on_train_batch_begin(batch, logs)
             return
-        step = int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
+        step = self._iterations() - self._origin
         # With steps_per_execution > 1 batches are reported in groups: catch up.
         first = step if self._last_step is None else min(step, self._last_step + 1)
         for wrapper in self._wrappers:
@@ -95,16 +107,58 @@ class UpdatePruning(keras.callbacks.Callback):
             # A subclassed model builds its layers in its first step: prune them after it.
             if wrapper.built and id(wrapper) in self._pending:
                 wrapper.update_mask(self._pending.pop(id(wrapper)))
+            if wrapper.built:
+                wrapper.pruning_step.assign(step + 1)
         self._last_step = step
 
-    def on_epoch_end(self, epoch, logs=None):
+    def on_epoch_end(self, epoch=-1, logs=None, batch=None):
+        # tfmot's callback names its first argument `batch`; its custom-loop
+        # recipe calls `on_epoch_end(batch=-1)`.
         if self._delegate is not None:
-            self._delegate.on_epoch_end(epoch, logs)
+            self._delegate.on_epoch_end(epoch if batch is None else batch, logs)
             return
         if not self.log_sparsity:
             return
         report = sparsity_of(self.model)
         if logs is not None:
             logs.update({f"sparsity/{name}": value for name, value in report.items()})
-        logger.info("epoch %d sparsity: %s", epoch + 1,
+        when = f"epoch {epoch + 1} " if epoch is not None and epoch >= 0 else ""
+        logger.info("%ssparsity: %s", when,
                     ", ".join(f"{name} {value:.3f}" for name, value in report.items()))
+
+
+class PruningSummaries(keras.callbacks.TensorBoard):
+    """TensorBoard logging that adds each pruned layer's sparsity.
+
+    Writes everything `keras.callbacks.TensorBoard` writes, and at each
+    epoch's end a scalar `sparsity/<layer>` per pruned layer to the training
+    run. Give it after `UpdatePruning` in the callback list. Under data
+    parallelism give it to rank 0 only, like any TensorBoard callback.
+
+    Args:
+        log_dir: directory of the TensorBoard event files.
+        update_freq: `"epoch"`, `"batch"` or a number of batches, for the
+            metrics TensorBoard writes (sparsity is written once per epoch).
+        **kwargs: any other `keras.callbacks.TensorBoard` argument.
+    """
+
+    def __init__(self, log_dir, update_freq="epoch", **kwargs):
+        if not isinstance(log_dir, (str, os.PathLike)) or not str(log_dir):
+            raise ValueError(f"PruningSummaries needs a log_dir to write to; got {log_dir!r}.")
+        super().__init__(log_dir=log_dir, update_freq=update_freq, **kwargs)
+
+    def on_train_begin(self, logs=None):
+        if not pruned_layers(self.model):
+            raise ValueError("PruningSummaries: the model has no layer wrapped by "
+                             "kdist.sparsity.prune; prune the model before training it.")
+        super().on_train_begin(logs)
+
+    def on_epoch_end(self, epoch, logs=None):
+        import tensorflow as tf
+
+        # UpdatePruning put the same values in `logs`: written once, below.
+        kept = {k: v for k, v in (logs or {}).items() if not k.startswith("sparsity/")}
+        super().on_epoch_end(epoch, kept)
+        with self._train_writer.as_default():
+            for name, value in sparsity_of(self.model).items():
+                tf.summary.scalar(f"sparsity/{name}", value, step=epoch)

@@ -29,7 +29,8 @@ class PruneLowMagnitude(KernelWrapper):
 
     Use `prune()` to wrap a model's layers; wrap a layer directly inside a
     subclassed model. Pruned weights get no gradient from the loss, and they
-    are set to zero whenever the mask changes.
+    are set to zero whenever the mask changes. `pruning_step` counts the
+    training steps the layer has been through: its schedule's clock.
 
     Args:
         layer: a layer with a kernel (Dense, Conv1D/2D/3D, EinsumDense, ...).
@@ -38,8 +39,8 @@ class PruneLowMagnitude(KernelWrapper):
 
     def __init__(self, layer, schedule, **kwargs):
         if not isinstance(schedule, PruningSchedule):
-            raise TypeError("schedule must be a kdist.sparsity schedule (ConstantSparsity, "
-                            f"PolynomialDecay); got {type(schedule).__name__}.")
+            raise TypeError("schedule must be a kdist.sparsity.PruningSchedule (ConstantSparsity, "
+                            f"PolynomialDecay or a subclass); got {type(schedule).__name__}.")
         kwargs.setdefault("name", f"pruned_{layer.name}")
         super().__init__(layer, **kwargs)
         self.schedule = schedule
@@ -48,9 +49,24 @@ class PruneLowMagnitude(KernelWrapper):
         self.mask = self.add_weight(name="mask", shape=kernel.shape, initializer="ones",
                                     trainable=False, dtype="float32", autocast=False,
                                     aggregation="only_first_replica")
+        # Steps trained so far: the schedule's clock lives with the layer, so a
+        # new optimizer (recompiling, quantising, reloading) does not restart it.
+        self.pruning_step = self.add_weight(name="pruning_step", shape=(),
+                                            initializer="zeros", trainable=False,
+                                            dtype="int64", autocast=False,
+                                            aggregation="only_first_replica")
 
     def transform_kernel(self, value, training):
         return value * keras.ops.cast(self.mask, value.dtype)
+
+    def load_own_variables(self, store):
+        own = self._trainable_variables + self._non_trainable_variables
+        if len(store.keys()) == len(own) - 1 and own[-1] is self.pruning_step:
+            # Saved before layers counted their steps: the count starts at 0.
+            for i, variable in enumerate(own[:-1]):
+                variable.assign(store[f"{i}"])
+            return
+        super().load_own_variables(store)
 
     def update_mask(self, sparsity):
         """Masks the smallest `sparsity` of the kernel and zeroes them."""
@@ -70,6 +86,32 @@ class PruneLowMagnitude(KernelWrapper):
         config["schedule"] = keras.saving.deserialize_keras_object(
             config["schedule"], custom_objects=custom_objects)
         return super().from_config(config, custom_objects=custom_objects)
+
+
+class PrunableLayer:
+    """Mixin for a custom layer that says which of its weights to prune.
+
+    Define `get_prunable_weights()` to return the one weight to prune (an
+    empty list: nothing); `prune()` then wraps the layer like a built-in one.
+
+    Example:
+
+    >>> import keras, kdist
+    >>> class Scale(keras.layers.Layer, kdist.sparsity.PrunableLayer):
+    ...     def build(self, input_shape):
+    ...         self.scale = self.add_weight(shape=input_shape[-1:], initializer="ones")
+    ...     def call(self, inputs):
+    ...         return inputs * self.scale
+    ...     def get_prunable_weights(self):
+    ...         return [self.scale]
+    >>> layer = kdist.sparsity.prune(Scale(), kdist.sparsity.ConstantSparsity(0.5, 0))
+    >>> tuple(layer(np.ones((1, 4))).shape)
+    (1, 4)
+    """
+
+    def get_prunable_weights(self):
+        raise NotImplementedError(f"{type(self).__name__} must define get_prunable_weights(), "
+                                  "returning the weight to prune.")
 
 
 def prune(model, schedule, skip=()):
@@ -99,8 +141,8 @@ def prune(model, schedule, skip=()):
     ['PruneLowMagnitude', 'Dense']
     """
     if not isinstance(schedule, PruningSchedule):
-        raise TypeError("schedule must be a kdist.sparsity schedule (ConstantSparsity, "
-                        f"PolynomialDecay); got {type(schedule).__name__}.")
+        raise TypeError("schedule must be a kdist.sparsity.PruningSchedule (ConstantSparsity, "
+                        f"PolynomialDecay or a subclass); got {type(schedule).__name__}.")
     if bridge.is_tf_keras(model):
         return bridge.prune(model, schedule, skip)
     return wrap_layers(model, lambda layer: PruneLowMagnitude(layer, schedule),

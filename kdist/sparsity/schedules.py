@@ -1,28 +1,38 @@
 """When to prune and how much: tensorflow-model-optimization's schedules.
 
-A schedule maps a training step (the optimizer's `iterations` before the
-step runs) to `(should_prune, sparsity)`. Masks change only on steps where
-`should_prune` is true: from `begin_step`, every `frequency` steps, up to
-`end_step` (inclusive; -1 for no end). Between those steps the masks stay
-as they are, so the target sparsity is reached at the last pruning turn at
-or before `end_step`.
+A schedule maps a training step to `(should_prune, sparsity)`. Masks change
+only on steps where `should_prune` is true: from `begin_step`, every
+`frequency` steps, up to `end_step` (inclusive; -1 for no end). Between
+those steps the masks stay as they are, so the target sparsity is reached at
+the last pruning turn at or before `end_step`.
+
+Called with a step, a schedule answers as tfmot's do, with a boolean and a
+float32 tensor, so it works inside a `tf.function`; `should_prune(step)` and
+`sparsity(step)` give the same answers as Python values. Each rule is
+written once over an array namespace (NumPy or `keras.ops`) for both.
 """
+
+import numbers
 
 import keras
 import numpy as np
 
 
+def _is_step(value):
+    return (isinstance(value, numbers.Real) and not isinstance(value, bool)
+            and float(value).is_integer())
+
+
 def _check_steps(begin_step, end_step, frequency, open_end):
-    if int(begin_step) != begin_step or begin_step < 0:
+    if not _is_step(begin_step) or begin_step < 0:
         raise ValueError(f"begin_step must be an integer >= 0; got {begin_step}.")
     if end_step == -1 and open_end:
         pass
-    elif int(end_step) != end_step or end_step < begin_step or (
-            not open_end and end_step == begin_step):
-        need = "-1 or an integer >= begin_step" if open_end else "an integer > begin_step"
+    elif not _is_step(end_step) or end_step < begin_step:
+        need = "-1 or an integer >= begin_step" if open_end else "an integer >= begin_step"
         raise ValueError(f"end_step must be {need} (begin_step={begin_step}); "
                          f"got {end_step}: the schedule would end before it begins.")
-    if int(frequency) != frequency or frequency <= 0:
+    if not _is_step(frequency) or frequency <= 0:
         raise ValueError(f"frequency must be an integer > 0; got {frequency}.")
 
 
@@ -33,24 +43,59 @@ def _check_sparsity(value, name):
 
 
 class PruningSchedule:
-    """Base class: subclasses give `sparsity(step)` and `get_config()`."""
+    """Base class of pruning schedules.
 
-    def __init__(self, begin_step, end_step, frequency, open_end):
-        _check_steps(begin_step, end_step, frequency, open_end)
-        self.begin_step = int(begin_step)
-        self.end_step = int(end_step)
-        self.frequency = int(frequency)
+    A subclass gives `get_config()` and either `rule(ops, step)`, written
+    with the functions NumPy and `keras.ops` share, or, as for
+    tensorflow-model-optimization, `__call__(step)` returning a boolean and a
+    float tensor. `in_pruning_turn` is the usual `should_prune` part.
+
+    Example, a schedule that prunes to 30 % at step 0 and 60 % from step 100:
+
+    >>> class TwoSteps(PruningSchedule):
+    ...     def rule(self, ops, step):
+    ...         return (self.in_pruning_turn(ops, step, 0, -1, 100),
+    ...                 ops.where(step >= 100, 0.6, 0.3))
+    ...     def get_config(self):
+    ...         return {"class_name": "TwoSteps", "config": {}}
+    >>> schedule = TwoSteps()
+    >>> schedule.should_prune(100), schedule.sparsity(100), schedule.should_prune(150)
+    (True, 0.6, False)
+    """
+
+    def rule(self, ops, step):
+        """`(should_prune, sparsity)` at `step`, computed with `ops` (NumPy or keras.ops)."""
+        raise NotImplementedError(f"{type(self).__name__} must define rule(ops, step) or "
+                                  "__call__(step).")
+
+    @staticmethod
+    def in_pruning_turn(ops, step, begin_step, end_step, frequency):
+        """True from `begin_step` to `end_step` (-1: no end), every `frequency` steps."""
+        started = ops.greater_equal(step, begin_step)
+        not_ended = ops.logical_or(ops.less_equal(step, end_step), end_step < 0)
+        turn = ops.equal(ops.mod(step - begin_step, frequency), 0)
+        return ops.logical_and(ops.logical_and(started, not_ended), turn)
+
+    def __call__(self, step):
+        ops = keras.ops
+        should, sparsity = self.rule(ops, ops.cast(ops.convert_to_tensor(step), "int64"))
+        return ops.cast(should, "bool"), ops.cast(sparsity, "float32")
+
+    def _answer(self, step):
+        if type(self).rule is PruningSchedule.rule:  # a tfmot-style subclass
+            should, sparsity = self(step)
+            return (bool(keras.ops.convert_to_numpy(should)),
+                    float(keras.ops.convert_to_numpy(sparsity)))
+        should, sparsity = self.rule(np, np.int64(step))
+        return bool(should), float(sparsity)
 
     def should_prune(self, step):
         """Whether masks are recomputed before training step `step`."""
-        in_range = step >= self.begin_step and (self.end_step == -1 or step <= self.end_step)
-        return in_range and (step - self.begin_step) % self.frequency == 0
-
-    def __call__(self, step):
-        return self.should_prune(step), self.sparsity(step)
+        return self._answer(step)[0]
 
     def sparsity(self, step):
-        raise NotImplementedError
+        """The fraction of each kernel pruned at a turn at `step`."""
+        return self._answer(step)[1]
 
     def sparsity_reached(self):
         """The sparsity the masks have once the schedule has run its course."""
@@ -58,17 +103,43 @@ class PruningSchedule:
         last -= (last - self.begin_step) % self.frequency
         return self.sparsity(last)
 
+    def get_config(self):
+        raise NotImplementedError(f"{type(self).__name__} must define get_config().")
+
     @classmethod
     def from_config(cls, config):
+        # tfmot's format nests the arguments under "config"; an older flat one is read too.
+        if "config" in config and "class_name" in config:
+            config = config["config"]
         return cls(**config)
 
+    def _config(self, **arguments):
+        return {"class_name": type(self).__name__, "config": arguments}
+
+    def __eq__(self, other):
+        return type(self) is type(other) and self.get_config() == other.get_config()
+
+    __hash__ = object.__hash__
+
     def __repr__(self):
-        args = ", ".join(f"{k}={v!r}" for k, v in self.get_config().items())
+        config = self.get_config().get("config", {})
+        args = ", ".join(f"{k}={v!r}" for k, v in config.items())
         return f"{type(self).__name__}({args})"
 
 
+class _StepRange(PruningSchedule):
+    def __init__(self, begin_step, end_step, frequency, open_end):
+        _check_steps(begin_step, end_step, frequency, open_end)
+        self.begin_step = int(begin_step)
+        self.end_step = int(end_step)
+        self.frequency = int(frequency)
+
+    def turn(self, ops, step):
+        return self.in_pruning_turn(ops, step, self.begin_step, self.end_step, self.frequency)
+
+
 @keras.saving.register_keras_serializable(package="kdist")
-class ConstantSparsity(PruningSchedule):
+class ConstantSparsity(_StepRange):
     """Prunes to `target_sparsity` at every pruning turn.
 
     Args:
@@ -80,8 +151,11 @@ class ConstantSparsity(PruningSchedule):
     Example:
 
     >>> schedule = ConstantSparsity(0.5, begin_step=10, frequency=5)
-    >>> schedule(10), schedule(12)
-    ((True, 0.5), (False, 0.5))
+    >>> should, sparsity = schedule(10)
+    >>> bool(should), float(sparsity)
+    (True, 0.5)
+    >>> schedule.should_prune(12), schedule.sparsity(12)
+    (False, 0.5)
     """
 
     def __init__(self, target_sparsity, begin_step, end_step=-1, frequency=100):
@@ -89,25 +163,26 @@ class ConstantSparsity(PruningSchedule):
         _check_sparsity(target_sparsity, "target_sparsity")
         self.target_sparsity = float(target_sparsity)
 
-    def sparsity(self, step):
-        return self.target_sparsity
+    def rule(self, ops, step):
+        return self.turn(ops, step), self.target_sparsity
 
     def get_config(self):
-        return {"target_sparsity": self.target_sparsity, "begin_step": self.begin_step,
-                "end_step": self.end_step, "frequency": self.frequency}
+        return self._config(target_sparsity=self.target_sparsity, begin_step=self.begin_step,
+                            end_step=self.end_step, frequency=self.frequency)
 
 
 @keras.saving.register_keras_serializable(package="kdist")
-class PolynomialDecay(PruningSchedule):
+class PolynomialDecay(_StepRange):
     """Raises sparsity from `initial_sparsity` to `final_sparsity` on a polynomial.
 
     `sparsity = final + (initial - final) * (1 - p) ** power` with
     `p = clip((step - begin_step) / (end_step - begin_step), 0, 1)`: fast
-    at first, while many weights are small, and slowly near the end.
+    at first, while many weights are small, and slowly near the end. With
+    `end_step == begin_step` the final sparsity applies at once.
 
     Args:
         initial_sparsity, final_sparsity: in [0, 1).
-        begin_step, end_step: the ramp; `end_step` must exceed `begin_step`.
+        begin_step, end_step: the ramp; `end_step` may not precede `begin_step`.
         power: exponent of the ramp (3 is the usual choice).
         frequency: steps between mask updates.
 
@@ -127,15 +202,17 @@ class PolynomialDecay(PruningSchedule):
             raise ValueError(f"power must be > 0; got {power}.")
         self.initial_sparsity = float(initial_sparsity)
         self.final_sparsity = float(final_sparsity)
-        self.power = float(power)
+        self.power = power
 
-    def sparsity(self, step):
-        progress = (step - self.begin_step) / (self.end_step - self.begin_step)
-        progress = float(np.clip(progress, 0.0, 1.0))
-        return (self.final_sparsity
-                + (self.initial_sparsity - self.final_sparsity) * (1.0 - progress) ** self.power)
+    def rule(self, ops, step):
+        length = max(self.end_step - self.begin_step, 1)
+        progress = ops.clip((step - self.begin_step) / length, 0.0, 1.0)
+        if self.end_step == self.begin_step:
+            progress = ops.where(step >= self.end_step, 1.0, 0.0)
+        change = self.initial_sparsity - self.final_sparsity
+        return self.turn(ops, step), self.final_sparsity + change * (1.0 - progress) ** self.power
 
     def get_config(self):
-        return {"initial_sparsity": self.initial_sparsity,
-                "final_sparsity": self.final_sparsity, "begin_step": self.begin_step,
-                "end_step": self.end_step, "power": self.power, "frequency": self.frequency}
+        return self._config(initial_sparsity=self.initial_sparsity,
+                            final_sparsity=self.final_sparsity, begin_step=self.begin_step,
+                            end_step=self.end_step, power=self.power, frequency=self.frequency)

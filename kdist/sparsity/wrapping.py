@@ -21,7 +21,20 @@ except ImportError:  # pragma: no cover
 
 
 def kernel_variable(layer):
-    """The kernel `Variable` of `layer`, or None when it has none."""
+    """The kernel `Variable` of `layer`, or None when it has none.
+
+    A layer that names its own weight to prune (`get_prunable_weights`, as
+    `kdist.sparsity.PrunableLayer` asks) gets that one.
+    """
+    chosen = getattr(layer, "get_prunable_weights", None)
+    if callable(chosen) and layer.built:
+        weights = list(chosen())
+        if len(weights) > 1:
+            raise ValueError(
+                f"{layer.name}.get_prunable_weights() returned {len(weights)} weights; kdist "
+                "prunes and quantises one weight per layer. Return the one to prune, or "
+                "split the layer.")
+        return weights[0] if weights else None
     for name in ("_kernel", "kernel"):
         value = getattr(layer, name, None)
         if isinstance(value, keras.Variable) and value.trainable:
@@ -190,8 +203,8 @@ def wrap_layers(model, wrap, kind, skip, verb):
                 layer.name == s if isinstance(s, str) else isinstance(layer, s) for s in skip):
             return False
         base = layer.base_layer if isinstance(layer, KernelWrapper) else layer
-        return kernel_variable(base) is not None or (
-            not base.built and hasattr(base, "kernel_initializer"))
+        return kernel_variable(base) is not None or (not base.built and (
+            hasattr(base, "kernel_initializer") or hasattr(base, "get_prunable_weights")))
 
     if isinstance(model, keras.Model):
         chosen = []
