@@ -70,7 +70,7 @@ from kdist.comm.capabilities import (  # noqa: E402
 # Modules that need Keras load on first use, so that `kdist run` and `kdist
 # --help` start without importing TensorFlow.
 _LAZY_MODULES = ("callbacks", "distribute", "elastic", "gan", "optimizers", "precision", "ps",
-                 "sparsity", "tune")
+                 "sparsity", "tfmot", "tune")
 # Horovod's top-level names that need Keras, and where they live.
 _LAZY_NAMES = {
     "DistributedOptimizer": "kdist.optimizers",
@@ -101,7 +101,7 @@ __all__ = [
     "init", "is_homogeneous", "is_initialized", "join", "load_model", "local_rank", "local_size",
     "mpi_built", "mpi_enabled", "mpi_threads_supported", "nccl_built", "optimizers", "precision",
     "ps", "rank", "reducescatter", "remove_process_set", "rocm_built", "shutdown", "size",
-    "sparsity", "start_timeline", "stop_timeline", "tune", "__version__",
+    "sparsity", "start_timeline", "stop_timeline", "tfmot", "tune", "__version__",
 ]
 
 from kdist import _registration  # noqa: E402

@@ -1,0 +1,260 @@
+"""tensorflow-model-optimization's Keras API, for Keras 3 models.
+
+tfmot works only on tf_keras models. This module gives its import paths
+over `kdist.sparsity`, so a tfmot pruning or quantization-aware training
+script runs on Keras 3 after changing its import line:
+
+    import kdist.tfmot as tfmot     # was: import tensorflow_model_optimization as tfmot
+
+>>> import keras
+>>> import kdist.tfmot as tfmot
+>>> model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16),
+...                           keras.layers.Dense(1)])
+>>> schedule = tfmot.sparsity.keras.PolynomialDecay(
+...     initial_sparsity=0.5, final_sparsity=0.8, begin_step=0, end_step=100)
+>>> pruned = tfmot.sparsity.keras.prune_low_magnitude(model, pruning_schedule=schedule)
+>>> pruned.compile("adam", "mse")  # fit with callbacks=[tfmot.sparsity.keras.UpdatePruningStep()]
+>>> plain = tfmot.sparsity.keras.strip_pruning(pruned)
+>>> qat = tfmot.quantization.keras.quantize_model(plain)
+
+A tf_keras model, layer or callback's model is handed to
+tensorflow-model-optimization itself (extra `tfmot`), so a script that
+still builds tf_keras models runs too. For Keras 3 models, what kdist does
+differently is said where it matters: layer names (`pruned_<name>`,
+`quantized_<name>`), one quantisation scheme (8-bit symmetric per-channel
+weights and moving-average output ranges, no `quantize_config`), and no
+block or N:M pruning through this path.
+"""
+
+import contextlib
+import sys
+import types
+
+import keras
+
+from kdist import sparsity as _sparsity
+from kdist.sparsity import annotation as _annotation
+from kdist.sparsity import bridge as _bridge
+
+__all__ = ["quantization", "sparsity"]
+
+
+def _real(obj):
+    """tensorflow-model-optimization itself when `obj` is a tf_keras object, else None."""
+    items = obj if isinstance(obj, (list, tuple)) else [obj]
+    return _bridge.tfmot() if any(_bridge.is_tf_keras(item) for item in items) else None
+
+
+def prune_low_magnitude(to_prune, pruning_schedule=None, block_size=(1, 1),
+                        block_pooling_type="AVG", pruning_policy=None, sparsity_m_by_n=None,
+                        **kwargs):
+    """tfmot's `prune_low_magnitude`: a model (copied), a layer or a list of layers,
+    wrapped for pruning.
+
+    `pruning_schedule` defaults to `ConstantSparsity(0.5, begin_step=0)`, as
+    in tfmot. For Keras 3 models, block and N:M pruning and pruning policies
+    are not offered through this path, and a request for them is refused
+    rather than ignored; tf_keras models go to tfmot with every argument.
+    """
+    if pruning_schedule is None:
+        pruning_schedule = _sparsity.ConstantSparsity(0.5, begin_step=0)
+    real = _real(to_prune)
+    if real is not None:
+        return real.sparsity.keras.prune_low_magnitude(
+            to_prune, pruning_schedule=_bridge.schedule(pruning_schedule),
+            block_size=block_size, block_pooling_type=block_pooling_type,
+            pruning_policy=pruning_policy, sparsity_m_by_n=sparsity_m_by_n, **kwargs)
+    refused = [name for name, given, default in (
+        ("block_size", tuple(block_size), (1, 1)),
+        ("block_pooling_type", block_pooling_type, "AVG"),
+        ("pruning_policy", pruning_policy, None),
+        ("sparsity_m_by_n", sparsity_m_by_n, None)) if given != default]
+    if refused:
+        raise ValueError(f"prune_low_magnitude: {', '.join(refused)} is not supported for "
+                         "Keras 3 models; kdist prunes single weights by magnitude. Leave it "
+                         "out.")
+    if kwargs:
+        raise TypeError(f"prune_low_magnitude got unexpected arguments {sorted(kwargs)}.")
+    if isinstance(to_prune, (list, tuple)):
+        return [_sparsity.prune(layer, pruning_schedule) for layer in to_prune]
+    return _sparsity.prune(to_prune, pruning_schedule)
+
+
+def strip_pruning(model):
+    """tfmot's `strip_pruning`: the model without its wrappers (`kdist.sparsity.strip`)."""
+    return _sparsity.strip(model)
+
+
+@contextlib.contextmanager
+def _scope(extra, real_scope):
+    objects = {cls.__name__: cls for cls in (
+        _sparsity.PruneLowMagnitude, _sparsity.QuantizeAware, _annotation.QuantizeAnnotate,
+        _sparsity.ConstantSparsity, _sparsity.PolynomialDecay)}
+    for entry in extra:
+        if not isinstance(entry, dict):
+            raise TypeError(f"quantize_scope takes dicts of custom objects; got {entry!r}.")
+        objects.update(entry)
+    with contextlib.ExitStack() as stack:
+        if "tf_keras" in sys.modules:  # tf_keras models load through tfmot's own scope
+            stack.enter_context(real_scope(_bridge.tfmot())(*extra))
+        stack.enter_context(keras.saving.custom_object_scope(objects))
+        yield
+
+
+def prune_scope():
+    """tfmot's `prune_scope`: a scope in which saved pruned models load.
+
+    kdist's classes are registered with Keras, so Keras 3 models load
+    without it; it is kept so that tfmot scripts run unchanged.
+    """
+    return _scope((), lambda real: real.sparsity.keras.prune_scope)
+
+
+def quantize_scope(*args):
+    """tfmot's `quantize_scope`: kdist's quantisation classes plus any dicts given."""
+    return _scope(args, lambda real: real.quantization.keras.quantize_scope)
+
+
+def quantize_model(to_quantize, quantized_layer_name_prefix="quant_"):
+    """tfmot's `quantize_model`: every layer with a kernel trained in 8 bits.
+
+    See `kdist.sparsity.quantize`. A pruned model (stripped or not) keeps its
+    zeros. `quantized_layer_name_prefix` applies to tf_keras models, which
+    go to tfmot; kdist names its wrappers `quantized_<layer>`.
+    """
+    real = _real(to_quantize)
+    if real is not None:
+        return real.quantization.keras.quantize_model(to_quantize, quantized_layer_name_prefix)
+    if not isinstance(to_quantize, keras.Model):
+        raise TypeError("quantize_model() takes a Sequential or functional Keras model; "
+                        f"got {type(to_quantize).__name__}. To quantise one layer use "
+                        "quantize_annotate_layer and quantize_apply.")
+    return _sparsity.quantize(to_quantize)
+
+
+def quantize_annotate_layer(to_annotate, quantize_config=None):
+    """tfmot's `quantize_annotate_layer` (see `kdist.sparsity.quantize_annotate_layer`)."""
+    real = _real(to_annotate)
+    if real is not None:
+        return real.quantization.keras.quantize_annotate_layer(to_annotate, quantize_config)
+    return _annotation.quantize_annotate_layer(to_annotate, quantize_config)
+
+
+def quantize_annotate_model(to_annotate):
+    """tfmot's `quantize_annotate_model` (see `kdist.sparsity.quantize_annotate_model`)."""
+    real = _real(to_annotate)
+    if real is not None:
+        return real.quantization.keras.quantize_annotate_model(to_annotate)
+    return _annotation.quantize_annotate_model(to_annotate)
+
+
+def quantize_apply(model, scheme=None, quantized_layer_name_prefix="quant_"):
+    """tfmot's `quantize_apply`: the marked layers of `model` trained in 8 bits.
+
+    For Keras 3 models `scheme` must be left out: kdist has one scheme,
+    whose sparsity-preserving behaviour is tfmot's
+    `Default8BitPrunePreserveQuantizeScheme`.
+    """
+    real = _real(model)
+    if real is not None:
+        options = {} if scheme is None else {"scheme": scheme}
+        return real.quantization.keras.quantize_apply(
+            model, quantized_layer_name_prefix=quantized_layer_name_prefix, **options)
+    if scheme is not None:
+        raise ValueError("quantize_apply: kdist has one quantisation scheme (8-bit symmetric "
+                         "per-channel weights that keep their zeros, moving-average output "
+                         "ranges); leave scheme out.")
+    return _annotation.quantize_apply(model)
+
+
+class PruningSummaries(_sparsity.PruningSummaries):
+    """tfmot's `PruningSummaries` (see `kdist.sparsity.PruningSummaries`); for a
+    tf_keras model, tfmot's own callback does the writing."""
+
+    _supports_tf_logs = False
+
+    def __init__(self, log_dir, update_freq="epoch", **kwargs):
+        super().__init__(log_dir, update_freq=update_freq, **kwargs)
+        self._arguments = dict(log_dir=log_dir, update_freq=update_freq, **kwargs)
+        self._delegate = None
+
+    def set_model(self, model):
+        real = _real(model)
+        if real is None:
+            return super().set_model(model)
+        self._delegate = real.sparsity.keras.PruningSummaries(**self._arguments)
+        self._delegate.set_model(model)
+
+
+def _forward(name):
+    own = getattr(_sparsity.PruningSummaries, name, None)
+
+    def hook(self, *args, **kwargs):
+        if self._delegate is not None:
+            return getattr(self._delegate, name)(*args, **kwargs)
+        return own(self, *args, **kwargs) if own is not None else True
+
+    hook.__name__ = name
+    return hook
+
+
+for _hook in ("set_params", "on_train_begin", "on_train_end", "on_epoch_begin", "on_epoch_end",
+              "on_test_begin", "on_test_end", "on_predict_begin", "on_predict_end",
+              "on_train_batch_begin", "on_train_batch_end", "on_test_batch_begin",
+              "on_test_batch_end", "on_predict_batch_begin", "on_predict_batch_end",
+              "_implements_train_batch_hooks", "_implements_test_batch_hooks",
+              "_implements_predict_batch_hooks"):
+    setattr(PruningSummaries, _hook, _forward(_hook))
+
+
+def _from_tfmot(path, name):
+    """`name` under `path` in tensorflow-model-optimization, for what kdist does not offer."""
+    if name.startswith("__"):
+        raise AttributeError(name)
+    try:
+        found = _bridge.tfmot()
+    except ImportError:
+        raise AttributeError(
+            f"kdist.tfmot{path and '.' + path}.{name}: kdist does not offer it for Keras 3 "
+            "models; tf_keras models get it from tensorflow-model-optimization, which is not "
+            "installed (extra 'tfmot').") from None
+    for part in [p for p in path.split(".") if p] + [name]:
+        found = getattr(found, part)
+    return found
+
+
+def __getattr__(name):
+    return _from_tfmot("", name)
+
+
+def _namespace(name, doc, **members):
+    module = types.ModuleType(f"{__name__}.{name}", doc)
+    module.__dict__.update(members)
+    # Names kdist does not offer (tfmot's custom quantizers, clustering) come from
+    # tfmot itself; they work on tf_keras models only.
+    module.__getattr__ = lambda attribute: _from_tfmot(name, attribute)
+    module.__all__ = sorted(k for k in members if not isinstance(members[k], types.ModuleType))
+    sys.modules[module.__name__] = module
+    return module
+
+
+sparsity = _namespace("sparsity", "tfmot.sparsity over kdist.sparsity.", keras=_namespace(
+    "sparsity.keras", "tfmot.sparsity.keras over kdist.sparsity.",
+    prune_low_magnitude=prune_low_magnitude,
+    prune_scope=prune_scope,
+    strip_pruning=strip_pruning,
+    PrunableLayer=_sparsity.PrunableLayer,
+    PruningSchedule=_sparsity.PruningSchedule,
+    ConstantSparsity=_sparsity.ConstantSparsity,
+    PolynomialDecay=_sparsity.PolynomialDecay,
+    UpdatePruningStep=_sparsity.UpdatePruning,
+    PruningSummaries=PruningSummaries))
+
+quantization = _namespace("quantization", "tfmot.quantization over kdist.sparsity.",
+                          keras=_namespace(
+    "quantization.keras", "tfmot.quantization.keras over kdist.sparsity.",
+    quantize_model=quantize_model,
+    quantize_annotate_layer=quantize_annotate_layer,
+    quantize_annotate_model=quantize_annotate_model,
+    quantize_apply=quantize_apply,
+    quantize_scope=quantize_scope))

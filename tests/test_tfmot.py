@@ -1,0 +1,289 @@
+"""kdist.tfmot: tensorflow-model-optimization's Keras API over kdist.sparsity.
+
+Each flow is the one tfmot's pruning and quantization guides teach, written
+against `import kdist.tfmot as tfmot` on a Keras 3 model.
+"""
+
+import os
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import kdist
+import kdist.tfmot as tfmot
+
+prune_low_magnitude = tfmot.sparsity.keras.prune_low_magnitude
+
+
+def _data(rows=256, seed=0):
+    x = np.random.default_rng(seed).normal(size=(rows, 10)).astype("float32")
+    return x, (x[:, 0] + 0.5 * x[:, 1] > 0).astype("int64")
+
+
+def _model(seed=0):
+    keras.utils.set_random_seed(seed)
+    return keras.Sequential([keras.Input((10,)), keras.layers.Dense(32, activation="relu"),
+                             keras.layers.Dense(2)])
+
+
+def _compile(model):
+    model.compile(keras.optimizers.Adam(0.01),
+                  keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"])
+    return model
+
+
+def _kernel_sparsity(model):
+    return {w.path: float(np.mean(keras.ops.convert_to_numpy(w) == 0))
+            for w in model.weights if w.path.endswith("kernel")}
+
+
+def test_the_pruning_guide_runs_with_the_import_changed(tmp_path):
+    x, y = _data()
+    batch_size, epochs = 32, 2
+    end_step = np.ceil(len(x) / batch_size).astype(np.int32) * epochs
+    schedule = tfmot.sparsity.keras.PolynomialDecay(
+        initial_sparsity=0.50, final_sparsity=0.80, begin_step=0, end_step=end_step,
+        frequency=4)
+    model_for_pruning = _compile(prune_low_magnitude(_model(), pruning_schedule=schedule))
+    callbacks = [tfmot.sparsity.keras.UpdatePruningStep(),
+                 tfmot.sparsity.keras.PruningSummaries(log_dir=str(tmp_path / "logs"))]
+    model_for_pruning.fit(x, y, batch_size=batch_size, epochs=epochs, callbacks=callbacks,
+                          verbose=0)
+    model_for_export = tfmot.sparsity.keras.strip_pruning(model_for_pruning)
+    assert all(type(layer) is keras.layers.Dense for layer in model_for_export.layers)
+    reached = schedule.sparsity(int(end_step) - int(end_step) % 4)
+    for value in _kernel_sparsity(model_for_export).values():
+        assert value == pytest.approx(reached, abs=0.02)
+    np.testing.assert_allclose(model_for_export.predict(x, verbose=0),
+                               model_for_pruning.predict(x, verbose=0), atol=1e-6)
+    converter = tf.lite.TFLiteConverter.from_keras_model(model_for_export)
+    converter.optimizations = [tf.lite.Optimize.DEFAULT]
+    assert len(converter.convert()) > 0
+    events = list((tmp_path / "logs" / "train").iterdir())
+    tags = {value.tag for event in tf.compat.v1.train.summary_iterator(str(events[0]))
+            for value in event.summary.value}
+    assert {"sparsity/dense", "sparsity/dense_1"} <= tags
+
+
+def test_layers_are_pruned_where_the_guide_chooses_them():
+    base = _model()
+
+    def apply_pruning_to_dense(layer):
+        if isinstance(layer, keras.layers.Dense) and layer.units == 32:
+            return prune_low_magnitude(layer)
+        return layer
+
+    cloned = keras.models.clone_model(base, clone_function=apply_pruning_to_dense)
+    assert [type(layer).__name__ for layer in cloned.layers] == ["PruneLowMagnitude", "Dense"]
+
+    inputs = keras.Input((10,))
+    hidden = prune_low_magnitude(keras.layers.Dense(16))(inputs)
+    functional = keras.Model(inputs, keras.layers.Dense(2)(hidden))
+    _compile(functional).fit(*_data(64), epochs=1, verbose=0,
+                             callbacks=[tfmot.sparsity.keras.UpdatePruningStep()])
+    assert list(kdist.sparsity.sparsity_of(functional).values()) == [0.5]
+
+
+def test_a_custom_prunable_layer_prunes_the_weight_it_names():
+    class MyDenseLayer(keras.layers.Dense, tfmot.sparsity.keras.PrunableLayer):
+        def get_prunable_weights(self):
+            return [self.kernel]
+
+    model = keras.Sequential([keras.Input((10,)), prune_low_magnitude(MyDenseLayer(20)),
+                              keras.layers.Dense(2)])
+    _compile(model).fit(*_data(64), epochs=1, verbose=0,
+                        callbacks=[tfmot.sparsity.keras.UpdatePruningStep()])
+    assert float(np.mean(model.layers[0].effective_kernel().numpy() == 0)) == 0.5
+
+    class TwoWeights(keras.layers.Dense, tfmot.sparsity.keras.PrunableLayer):
+        def get_prunable_weights(self):
+            return [self.kernel, self.bias]
+
+    with pytest.raises(ValueError, match="one weight per layer"):
+        keras.Sequential([keras.Input((10,)), prune_low_magnitude(TwoWeights(4))])
+
+
+def test_a_custom_training_loop_drives_the_step_callback():
+    x, y = _data(64)
+    model = prune_low_magnitude(_model(), pruning_schedule=tfmot.sparsity.keras.ConstantSparsity(
+        0.75, begin_step=0, frequency=1))
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    optimizer = keras.optimizers.Adam()
+    model.optimizer = optimizer
+    step_callback = tfmot.sparsity.keras.UpdatePruningStep()
+    step_callback.set_model(model)
+    step_callback.on_train_begin()
+    for start in range(0, 64, 16):
+        step_callback.on_train_batch_begin(batch=-1)
+        with tf.GradientTape() as tape:
+            value = loss(y[start:start + 16], model(x[start:start + 16], training=True))
+        grads = tape.gradient(value, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+    step_callback.on_epoch_end(batch=-1)
+    for value in _kernel_sparsity(tfmot.sparsity.keras.strip_pruning(model)).values():
+        assert value == pytest.approx(0.75, abs=0.02)
+
+
+def test_saved_pruned_and_quantized_models_load_in_their_scopes(tmp_path):
+    pruned = prune_low_magnitude(_model())
+    _compile(pruned).fit(*_data(64), epochs=1, verbose=0,
+                         callbacks=[tfmot.sparsity.keras.UpdatePruningStep()])
+    pruned.save(tmp_path / "pruned.keras")
+    with tfmot.sparsity.keras.prune_scope():
+        loaded = keras.models.load_model(tmp_path / "pruned.keras")
+    np.testing.assert_array_equal(loaded.layers[0].mask.numpy(), pruned.layers[0].mask.numpy())
+
+    quantized = _compile(tfmot.quantization.keras.quantize_model(_model()))
+    quantized.fit(*_data(64), epochs=1, verbose=0)
+    quantized.save(tmp_path / "quantized.keras")
+    with tfmot.quantization.keras.quantize_scope():
+        reloaded = keras.models.load_model(tmp_path / "quantized.keras")
+    x = _data(16, seed=1)[0]
+    np.testing.assert_allclose(reloaded.predict(x, verbose=0), quantized.predict(x, verbose=0),
+                               atol=1e-6)
+
+
+def test_the_quantization_guide_runs_with_the_import_changed():
+    x, y = _data()
+    base = _compile(_model())
+    base.fit(x, y, epochs=10, verbose=0)
+    _, float_accuracy = base.evaluate(x, y, verbose=0)
+    q_aware_model = _compile(tfmot.quantization.keras.quantize_model(base))
+    q_aware_model.fit(x, y, batch_size=64, epochs=2, verbose=0)
+    _, accuracy = q_aware_model.evaluate(x, y, verbose=0)
+    assert float_accuracy > 0.9 and accuracy > float_accuracy - 0.05
+    converter = tf.lite.TFLiteConverter.from_keras_model(q_aware_model)
+    converter.optimizations = [tf.lite.Optimize.DEFAULT]
+    interpreter = tf.lite.Interpreter(model_content=converter.convert())
+    interpreter.allocate_tensors()
+    given, taken = interpreter.get_input_details()[0], interpreter.get_output_details()[0]
+    interpreter.set_tensor(given["index"], x[:1])
+    interpreter.invoke()
+    np.testing.assert_allclose(interpreter.get_tensor(taken["index"]),
+                               q_aware_model.predict(x[:1], verbose=0), atol=0.05)
+
+
+def test_annotated_layers_alone_are_quantized():
+    base = _model()
+
+    def apply_quantization_to_dense(layer):
+        if isinstance(layer, keras.layers.Dense) and layer.units == 32:
+            return tfmot.quantization.keras.quantize_annotate_layer(layer)
+        return layer
+
+    annotated = keras.models.clone_model(base, clone_function=apply_quantization_to_dense)
+    quantized = tfmot.quantization.keras.quantize_apply(annotated)
+    assert [type(layer).__name__ for layer in quantized.layers] == ["QuantizeAware", "Dense"]
+    x = _data(16)[0]
+    np.testing.assert_array_equal(quantized.layers[1].get_weights()[0],
+                                  base.layers[1].get_weights()[0])
+    whole = tfmot.quantization.keras.quantize_apply(
+        tfmot.quantization.keras.quantize_annotate_model(base))
+    assert [type(layer).__name__ for layer in whole.layers] == ["QuantizeAware"] * 2
+    assert whole.predict(x, verbose=0).shape == (16, 2)
+
+
+def test_pruning_then_quantizing_keeps_the_zeros():
+    x, y = _data()
+    pruned = _compile(prune_low_magnitude(_model(), tfmot.sparsity.keras.ConstantSparsity(
+        0.8, begin_step=0, frequency=1)))
+    pruned.fit(x, y, epochs=1, verbose=0, callbacks=[tfmot.sparsity.keras.UpdatePruningStep()])
+    stripped = tfmot.sparsity.keras.strip_pruning(pruned)
+    qat = _compile(tfmot.quantization.keras.quantize_model(stripped))
+    qat.fit(x, y, epochs=1, verbose=0)
+    for plain, layer in zip(stripped.layers, qat.layers):
+        zeros = plain.kernel.numpy() == 0
+        assert zeros.mean() == pytest.approx(0.8, abs=0.01)
+        assert np.all(keras.ops.convert_to_numpy(layer.effective_kernel())[zeros] == 0)
+
+
+def test_schedules_answer_with_tensors_as_tfmot_does():
+    schedule = tfmot.sparsity.keras.PolynomialDecay(0.2, 0.8, 100, 110, power=3, frequency=2)
+    answers = [schedule(tf.Variable(step)) for step in (99, 100, 102, 105, 110, 111)]
+    assert [bool(should) for should, _ in answers] == [False, True, True, False, True, False]
+    np.testing.assert_allclose([float(value) for _, value in answers],
+                               [0.2, 0.2, 0.4928, 0.725, 0.8, 0.8], atol=1e-6)
+    in_graph = tf.function(lambda step: schedule(step))(tf.constant(102))
+    assert bool(in_graph[0]) and float(in_graph[1]) == pytest.approx(0.4928)
+    config = schedule.get_config()
+    assert config["class_name"] == "PolynomialDecay"
+    again = keras.utils.deserialize_keras_object(
+        config, custom_objects={"PolynomialDecay": tfmot.sparsity.keras.PolynomialDecay})
+    assert again.__dict__ == schedule.__dict__
+    assert tfmot.sparsity.keras.PolynomialDecay(0.2, 0.8, 10, 10).sparsity(10) == \
+        pytest.approx(0.8)
+
+
+def test_a_subclassed_schedule_written_for_tfmot_drives_pruning():
+    class EveryOtherStep(tfmot.sparsity.keras.PruningSchedule):
+        def __call__(self, step):
+            return tf.equal(step % 2, 0), tf.constant(0.25)
+
+        def get_config(self):
+            return {}
+
+    model = _compile(prune_low_magnitude(_model(), pruning_schedule=EveryOtherStep()))
+    model.fit(*_data(64), epochs=1, verbose=0,
+              callbacks=[tfmot.sparsity.keras.UpdatePruningStep()])
+    for value in _kernel_sparsity(tfmot.sparsity.keras.strip_pruning(model)).values():
+        assert value == pytest.approx(0.25, abs=0.02)
+
+
+def test_what_kdist_does_not_offer_is_refused_with_a_reason():
+    with pytest.raises(ValueError, match="block_size"):
+        prune_low_magnitude(_model(), block_size=(1, 4))
+    with pytest.raises(ValueError, match="sparsity_m_by_n"):
+        prune_low_magnitude(_model(), sparsity_m_by_n=(2, 4))
+    with pytest.raises(ValueError, match="quantize_config"):
+        tfmot.quantization.keras.quantize_annotate_layer(keras.layers.Dense(2),
+                                                         quantize_config=object())
+    with pytest.raises(ValueError, match="scheme"):
+        tfmot.quantization.keras.quantize_apply(_model(), scheme=object())
+    with pytest.raises(ValueError, match="no marked layer"):
+        tfmot.quantization.keras.quantize_apply(_model())
+    with pytest.raises(TypeError, match="PruningSchedule"):
+        prune_low_magnitude(_model(), pruning_schedule=0.5)
+    with pytest.raises(ValueError, match="log_dir"):
+        tfmot.sparsity.keras.PruningSummaries(log_dir="")
+
+
+def test_submodules_import_like_tfmot_s():
+    from kdist.tfmot.quantization.keras import quantize_model
+    from kdist.tfmot.sparsity.keras import PolynomialDecay, prune_low_magnitude as plm
+
+    assert plm is prune_low_magnitude and quantize_model is \
+        tfmot.quantization.keras.quantize_model
+    assert PolynomialDecay is kdist.sparsity.PolynomialDecay
+    assert os.path.basename(tfmot.__file__) == "tfmot.py"
+
+
+def test_tf_keras_scripts_get_tensorflow_model_optimization_itself(tmp_path):
+    from importlib.util import find_spec
+
+    if find_spec("tensorflow_model_optimization") is None:
+        pytest.skip("needs tensorflow-model-optimization (extra 'tfmot')")
+    tf_keras = pytest.importorskip("tf_keras")
+    tf_keras.utils.set_random_seed(0)
+    model = tf_keras.Sequential([tf_keras.layers.Input((10,)),
+                                 tf_keras.layers.Dense(16, activation="relu"),
+                                 tf_keras.layers.Dense(2)])
+    pruned = prune_low_magnitude(model, pruning_schedule=tfmot.sparsity.keras.ConstantSparsity(
+        0.5, begin_step=0, frequency=2), block_size=(1, 1))
+    assert type(pruned.layers[0]).__module__.startswith("tensorflow_model_optimization")
+    pruned.compile("adam", tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    pruned.fit(*_data(64), batch_size=16, epochs=1, verbose=0,
+               callbacks=[tfmot.sparsity.keras.UpdatePruningStep(),
+                          tfmot.sparsity.keras.PruningSummaries(log_dir=str(tmp_path))])
+    assert list((tmp_path / "metrics").iterdir())  # where tfmot's callback writes
+    plain = tfmot.sparsity.keras.strip_pruning(pruned)
+    assert np.mean(plain.layers[0].get_weights()[0] == 0) == pytest.approx(0.5, abs=0.02)
+    annotated = tfmot.quantization.keras.quantize_annotate_model(plain)
+    with tfmot.quantization.keras.quantize_scope():
+        quantized = tfmot.quantization.keras.quantize_apply(annotated)
+    assert any(type(layer).__name__ == "QuantizeWrapperV2" for layer in quantized.layers)
+    # What kdist does not offer comes from tfmot, for tf_keras models.
+    quantizer = tfmot.quantization.keras.quantizers.LastValueQuantizer
+    assert quantizer.__module__.startswith("tensorflow_model_optimization")
