@@ -23,7 +23,7 @@ still builds tf_keras models runs too. For Keras 3 models, what kdist does
 differently is said where it matters: layer names (`pruned_<name>`,
 `quantized_<name>`), one quantisation scheme (8-bit symmetric per-channel
 weights and moving-average output ranges, no `quantize_config`), and no
-block or N:M pruning through this path.
+pruning policies.
 """
 
 import contextlib
@@ -52,9 +52,10 @@ def prune_low_magnitude(to_prune, pruning_schedule=None, block_size=(1, 1),
     wrapped for pruning.
 
     `pruning_schedule` defaults to `ConstantSparsity(0.5, begin_step=0)`, as
-    in tfmot. For Keras 3 models, block and N:M pruning and pruning policies
-    are not offered through this path, and a request for them is refused
-    rather than ignored; tf_keras models go to tfmot with every argument.
+    in tfmot; `block_size`, `block_pooling_type` and `sparsity_m_by_n` are
+    `kdist.sparsity.prune`'s. A `pruning_policy` is refused for Keras 3
+    models rather than ignored; tf_keras models go to tfmot with every
+    argument.
     """
     if pruning_schedule is None:
         pruning_schedule = _sparsity.ConstantSparsity(0.5, begin_step=0)
@@ -64,20 +65,16 @@ def prune_low_magnitude(to_prune, pruning_schedule=None, block_size=(1, 1),
             to_prune, pruning_schedule=_bridge.schedule(pruning_schedule),
             block_size=block_size, block_pooling_type=block_pooling_type,
             pruning_policy=pruning_policy, sparsity_m_by_n=sparsity_m_by_n, **kwargs)
-    refused = [name for name, given, default in (
-        ("block_size", tuple(block_size), (1, 1)),
-        ("block_pooling_type", block_pooling_type, "AVG"),
-        ("pruning_policy", pruning_policy, None),
-        ("sparsity_m_by_n", sparsity_m_by_n, None)) if given != default]
-    if refused:
-        raise ValueError(f"prune_low_magnitude: {', '.join(refused)} is not supported for "
-                         "Keras 3 models; kdist prunes single weights by magnitude. Leave it "
-                         "out.")
+    if pruning_policy is not None:
+        raise ValueError("prune_low_magnitude: pruning_policy is not supported for Keras 3 "
+                         "models (kdist does not check layers against XNNPack); leave it out.")
     if kwargs:
         raise TypeError(f"prune_low_magnitude got unexpected arguments {sorted(kwargs)}.")
+    pattern = dict(block_size=block_size, block_pooling_type=block_pooling_type,
+                   sparsity_m_by_n=sparsity_m_by_n)
     if isinstance(to_prune, (list, tuple)):
-        return [_sparsity.prune(layer, pruning_schedule) for layer in to_prune]
-    return _sparsity.prune(to_prune, pruning_schedule)
+        return [_sparsity.prune(layer, pruning_schedule, **pattern) for layer in to_prune]
+    return _sparsity.prune(to_prune, pruning_schedule, **pattern)
 
 
 def strip_pruning(model):

@@ -85,6 +85,95 @@ def test_bad_schedules_say_what_is_wrong(make, message):
         make()
 
 
+def test_block_masks_keep_or_drop_whole_blocks():
+    values = np.random.default_rng(0).normal(size=(7, 10)).astype(np.float32)
+    for pooling, pool in (("AVG", np.mean), ("MAX", np.max)):
+        mask = sparsity.block_mask(values, 0.5, (2, 4), pooling)
+        blocks = [(r, c) for r in range(0, 7, 2) for c in range(0, 10, 4)]
+        kept = {}
+        for r, c in blocks:
+            block = mask[r:r + 2, c:c + 4]
+            assert block.min() == block.max(), (pooling, r, c)  # all or nothing
+            kept[(r, c)] = (block.max(), pool(np.abs(values[r:r + 2, c:c + 4])))
+        # the kept blocks are the ones with the larger pooled magnitudes
+        smallest_kept = min(m for k, m in kept.values() if k)
+        largest_dropped = max(m for k, m in kept.values() if not k)
+        assert smallest_kept >= largest_dropped
+        assert sum(k for k, _ in kept.values()) == 6  # half of 12 blocks
+    conv = np.random.default_rng(1).normal(size=(3, 3, 4, 8))
+    np.testing.assert_array_equal(sparsity.block_mask(conv, 0.5, (2, 2)),
+                                  sparsity.magnitude_mask(conv, 0.5))
+
+
+@pytest.mark.parametrize("shape", [(16, 6), (3, 3, 8, 5), (5, 10, 3), (9,)])
+def test_n_of_m_masks_zero_the_smallest_of_each_input_channel_group(shape):
+    values = np.random.default_rng(0).normal(size=shape).astype(np.float32)
+    mask = sparsity.n_of_m_mask(values, 2, 4)
+    axis = -2 if len(shape) > 1 else -1
+    grouped, kept = np.moveaxis(np.abs(values), axis, -1), np.moveaxis(mask, axis, -1)
+    channels = grouped.shape[-1]
+    for start in range(0, channels, 4):
+        group, keep = grouped[..., start:start + 4], kept[..., start:start + 4]
+        zeros = max(0, 2 - (4 - group.shape[-1]))  # padding counts towards the zeros
+        assert np.all((keep == 0).sum(axis=-1) == zeros)
+        if zeros:
+            assert np.all(np.where(keep == 0, group, -np.inf).max(axis=-1)
+                          <= np.where(keep == 1, group, np.inf).min(axis=-1))
+
+
+def test_n_of_m_masks_match_tensorflow_model_optimization():
+    import importlib
+
+    import tensorflow as tf
+
+    _tfmot()
+    utils = importlib.import_module(
+        "tensorflow_model_optimization.python.core.sparsity.keras.pruning_utils")
+    for shape in ((12, 6), (3, 3, 8, 5)):
+        values = np.random.default_rng(2).normal(size=shape).astype(np.float32)
+        theirs = utils.m_by_n_sparsity_mask_prepare(
+            utils.generate_m_by_n_mask(utils.weights_rearrange(tf.constant(values)), (2, 4)),
+            tf.TensorShape(shape))
+        np.testing.assert_array_equal(sparsity.n_of_m_mask(values, 2, 4), np.asarray(theirs))
+
+
+def test_structured_pruning_trains_and_keeps_its_pattern():
+    x, y = _task()
+    for pattern, check in (
+            (dict(sparsity_m_by_n=(2, 4)),
+             lambda k: np.all((k.reshape(-1, 4, k.shape[1]) == 0).sum(axis=1) >= 2)),
+            (dict(block_size=(2, 4)),
+             lambda k: np.all([k[r:r + 2, c:c + 4].min() == k[r:r + 2, c:c + 4].max() == 0
+                               or np.all(k[r:r + 2, c:c + 4] != 0)
+                               for r in range(0, k.shape[0], 2)
+                               for c in range(0, k.shape[1], 4)]))):
+        model = keras.Sequential([keras.Input((12,)), keras.layers.Dense(16, activation="relu"),
+                                  keras.layers.Dense(1, activation="sigmoid", name="out")])
+        pruned = sparsity.prune(model, sparsity.ConstantSparsity(0.5, 0, frequency=4),
+                                skip=["out"], **pattern)
+        pruned.compile("adam", "binary_crossentropy")
+        x12 = np.concatenate([x, x[:, :2]], axis=1)
+        pruned.fit(x12, y, batch_size=32, epochs=1, verbose=0,
+                   callbacks=[sparsity.UpdatePruning()])
+        kernel = sparsity.strip(pruned).layers[0].get_weights()[0]
+        assert np.mean(kernel == 0) == pytest.approx(0.5), pattern
+        assert check(kernel), pattern
+        config = pruned.layers[0].get_config()
+        assert sparsity.PruneLowMagnitude.from_config(config).get_config() == config
+
+
+@pytest.mark.parametrize("pattern, message", [
+    (dict(block_size=(0, 2)), "block_size"),
+    (dict(block_size=3), "block_size"),
+    (dict(block_pooling_type="MEAN"), "block_pooling_type"),
+    (dict(sparsity_m_by_n=(4, 4)), "0 < m < n"),
+    (dict(sparsity_m_by_n=(2, 4), block_size=(2, 2)), "not both"),
+])
+def test_bad_patterns_say_what_is_wrong(pattern, message):
+    with pytest.raises(ValueError, match=message):
+        sparsity.prune(_model(), sparsity.ConstantSparsity(0.5, 0), **pattern)
+
+
 def test_magnitude_mask_keeps_the_largest_weights():
     values = np.array([0.3, -0.1, 2.0, -5.0, 0.05, 0.7, 0.0, 1.5], dtype=np.float32)
     mask = sparsity.magnitude_mask(values, 0.75)
@@ -393,11 +482,11 @@ def test_module_doctests():
     import doctest
 
     from kdist import tfmot
-    from kdist.sparsity import (annotation, callbacks, pruning, quantization, schedules,
-                                wrapping)
+    from kdist.sparsity import (annotation, callbacks, patterns, pruning, quantization,
+                                schedules, wrapping)
 
-    for module in (annotation, callbacks, pruning, quantization, schedules, wrapping, sparsity,
-                   tfmot):
+    for module in (annotation, callbacks, patterns, pruning, quantization, schedules, wrapping,
+                   sparsity, tfmot):
         result = doctest.testmod(module, extraglobs={"np": np, "kdist": kdist},
                                  optionflags=doctest.ELLIPSIS)
         assert result.failed == 0, module.__name__

@@ -87,6 +87,27 @@ def test_layers_are_pruned_where_the_guide_chooses_them():
     assert list(kdist.sparsity.sparsity_of(functional).values()) == [0.5]
 
 
+def test_the_guides_block_and_2_by_4_pruning():
+    x, y = _data()
+    blocks = _compile(prune_low_magnitude(_model(), block_size=[1, 16]))
+    blocks.fit(x, y, epochs=1, verbose=0, callbacks=[tfmot.sparsity.keras.UpdatePruningStep()])
+    kernel = tfmot.sparsity.keras.strip_pruning(blocks).layers[0].get_weights()[0]
+    rows = (kernel.reshape(10, 2, 16) == 0).all(axis=2) | (kernel.reshape(10, 2, 16) != 0).all(
+        axis=2)
+    assert rows.all() and np.mean(kernel == 0) == pytest.approx(0.5)
+
+    # The 2:4 guide wraps layers that carry input_shape= in a Sequential list.
+    with pytest.warns(UserWarning, match="input_shape"):
+        first = keras.layers.Dense(4, input_shape=(8,))
+    two_of_four = _compile(keras.Sequential([
+        prune_low_magnitude(first, sparsity_m_by_n=(2, 4)), keras.layers.Dense(2)]))
+    assert two_of_four.built
+    two_of_four.fit(x[:, :8], y, epochs=1, verbose=0,
+                    callbacks=[tfmot.sparsity.keras.UpdatePruningStep()])
+    kernel = tfmot.sparsity.keras.strip_pruning(two_of_four).layers[0].get_weights()[0]
+    assert np.all((kernel.reshape(2, 4, 4) == 0).sum(axis=1) == 2)
+
+
 def test_a_custom_prunable_layer_prunes_the_weight_it_names():
     class MyDenseLayer(keras.layers.Dense, tfmot.sparsity.keras.PrunableLayer):
         def get_prunable_weights(self):
@@ -233,10 +254,10 @@ def test_a_subclassed_schedule_written_for_tfmot_drives_pruning():
 
 
 def test_what_kdist_does_not_offer_is_refused_with_a_reason():
-    with pytest.raises(ValueError, match="block_size"):
-        prune_low_magnitude(_model(), block_size=(1, 4))
+    with pytest.raises(ValueError, match="pruning_policy"):
+        prune_low_magnitude(_model(), pruning_policy=object())
     with pytest.raises(ValueError, match="sparsity_m_by_n"):
-        prune_low_magnitude(_model(), sparsity_m_by_n=(2, 4))
+        prune_low_magnitude(_model(), sparsity_m_by_n=(4, 2))
     with pytest.raises(ValueError, match="quantize_config"):
         tfmot.quantization.keras.quantize_annotate_layer(keras.layers.Dense(2),
                                                          quantize_config=object())

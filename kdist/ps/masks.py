@@ -9,7 +9,7 @@ down with the weights, so every worker computes with the master's masks.
 
 import numpy as np
 
-from kdist.sparsity import magnitude_mask, pruned_layers
+from kdist.sparsity import pruned_layers
 
 
 class CentralMasks:
@@ -30,7 +30,7 @@ class CentralMasks:
         for model in models:
             for wrapper in pruned_layers(model):
                 kernel, mask = where[id(wrapper.kernel)], where[id(wrapper.mask)]
-                self.layers.append((wrapper.schedule, slice(*kernel), slice(*mask),
+                self.layers.append((wrapper, slice(*kernel), slice(*mask),
                                     center[slice(*mask)].copy()))
 
     def __bool__(self):
@@ -38,9 +38,11 @@ class CentralMasks:
 
     def __call__(self, center, step, reply=None):
         """Updates due masks before master update `step`, then applies all masks."""
-        for schedule, kernel, mask, values in self.layers:
-            if schedule.should_prune(step):
-                values[:] = magnitude_mask(center[kernel] * values, schedule.sparsity(step))
+        for wrapper, kernel, mask, values in self.layers:
+            if wrapper.schedule.should_prune(step):
+                shape = tuple(wrapper.mask.shape)
+                values[:] = wrapper.pattern_mask((center[kernel] * values).reshape(shape),
+                                                 wrapper.schedule.sparsity(step)).ravel()
             for buffer in (center, reply):
                 if buffer is not None:
                     buffer[mask] = values

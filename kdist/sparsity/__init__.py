@@ -14,8 +14,8 @@ tf_keras models are handed to tensorflow-model-optimization (extra `tfmot`);
 from kdist.sparsity.annotation import (QuantizeAnnotate, quantize_annotate_layer,
                                        quantize_annotate_model, quantize_apply)
 from kdist.sparsity.callbacks import PruningSummaries, UpdatePruning, sparsity_of
-from kdist.sparsity.pruning import (PrunableLayer, PruneLowMagnitude, magnitude_mask, prune,
-                                    pruned_layers)
+from kdist.sparsity.patterns import block_mask, magnitude_mask, n_of_m_mask
+from kdist.sparsity.pruning import PrunableLayer, PruneLowMagnitude, prune, pruned_layers
 from kdist.sparsity.quantization import (QuantizeAware, export_quantized, fake_quantize,
                                          quantize, quantize_array)
 from kdist.sparsity.schedules import ConstantSparsity, PolynomialDecay, PruningSchedule
@@ -24,7 +24,8 @@ from kdist.sparsity.wrapping import KernelWrapper, strip
 __all__ = [
     "ConstantSparsity", "KernelWrapper", "PolynomialDecay", "PrunableLayer",
     "PruneLowMagnitude", "PruningSchedule", "PruningSummaries", "QuantizeAnnotate",
-    "QuantizeAware", "UpdatePruning", "export_quantized", "fake_quantize", "magnitude_mask",
+    "QuantizeAware", "UpdatePruning", "block_mask", "export_quantized", "fake_quantize",
+    "magnitude_mask", "n_of_m_mask",
     "prune", "pruned_layers", "quantize", "quantize_annotate_layer", "quantize_annotate_model",
     "quantize_apply", "quantize_array", "sparsity_of", "strip",
 ]

@@ -40,13 +40,13 @@ def schedule(kdist_schedule):
     return getattr(tfmot().sparsity.keras, name)(**kdist_schedule.get_config()["config"])
 
 
-def prune(model, kdist_schedule, skip):
+def prune(model, kdist_schedule, skip, pattern):
     if skip:
         raise ValueError("skip= is not available for tf_keras models; tensorflow-model-"
                          "optimization prunes what `prune_low_magnitude` is given: wrap "
                          "the chosen layers with `tf_keras.models.clone_model`.")
     return tfmot().sparsity.keras.prune_low_magnitude(
-        model, pruning_schedule=schedule(kdist_schedule))
+        model, pruning_schedule=schedule(kdist_schedule), **pattern)
 
 
 def strip(model):

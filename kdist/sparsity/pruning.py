@@ -1,26 +1,12 @@
-"""Magnitude pruning: the smallest weights of each kernel are held at zero."""
+"""Magnitude pruning: the smallest weights of each kernel are held at zero,
+one by one, in blocks or N of every M (see `patterns`)."""
 
 import keras
-import numpy as np
 
 from kdist.sparsity import bridge
+from kdist.sparsity.patterns import check_pattern, mask_for
 from kdist.sparsity.schedules import PruningSchedule
 from kdist.sparsity.wrapping import KernelWrapper, wrap_layers, wrappers_in
-
-
-def magnitude_mask(values, sparsity):
-    """1 where a weight is among the `1 - sparsity` largest in magnitude, else 0.
-
-    Ties at the threshold are all kept; at least one weight always is.
-
-    >>> magnitude_mask(np.array([0.1, -3.0, 0.5, 2.0]), 0.5)
-    array([0., 1., 0., 1.], dtype=float32)
-    """
-    magnitudes = np.abs(np.asarray(values, dtype=np.float32))
-    size = magnitudes.size
-    keep = max(1, int(np.rint(np.float32(size) * np.float32(1.0 - sparsity))))
-    threshold = np.partition(magnitudes, size - keep, axis=None)[size - keep]
-    return (magnitudes >= threshold).astype(np.float32)
 
 
 @keras.saving.register_keras_serializable(package="kdist")
@@ -35,15 +21,22 @@ class PruneLowMagnitude(KernelWrapper):
     Args:
         layer: a layer with a kernel (Dense, Conv1D/2D/3D, EinsumDense, ...).
         schedule: a `PruningSchedule`.
+        block_size: `(height, width)` blocks pruned together in a 2-D kernel.
+        block_pooling_type: `"AVG"` or `"MAX"`, how a block's magnitude is taken.
+        sparsity_m_by_n: `(m, n)`: m zeros in every n consecutive input-channel
+            weights (2:4 is `(2, 4)`); the schedule then only says when.
     """
 
-    def __init__(self, layer, schedule, **kwargs):
+    def __init__(self, layer, schedule, block_size=(1, 1), block_pooling_type="AVG",
+                 sparsity_m_by_n=None, **kwargs):
         if not isinstance(schedule, PruningSchedule):
             raise TypeError("schedule must be a kdist.sparsity.PruningSchedule (ConstantSparsity, "
                             f"PolynomialDecay or a subclass); got {type(schedule).__name__}.")
         kwargs.setdefault("name", f"pruned_{layer.name}")
         super().__init__(layer, **kwargs)
         self.schedule = schedule
+        self.block_size, self.block_pooling_type, self.sparsity_m_by_n = check_pattern(
+            block_size, block_pooling_type, sparsity_m_by_n)
 
     def build_state(self, kernel):
         self.mask = self.add_weight(name="mask", shape=kernel.shape, initializer="ones",
@@ -68,16 +61,25 @@ class PruneLowMagnitude(KernelWrapper):
             return
         super().load_own_variables(store)
 
+    def pattern_mask(self, values, sparsity):
+        """The mask this layer's pattern gives kernel `values` at `sparsity`."""
+        return mask_for(values, sparsity, self.block_size, self.block_pooling_type,
+                        self.sparsity_m_by_n)
+
     def update_mask(self, sparsity):
         """Masks the smallest `sparsity` of the kernel and zeroes them."""
         kernel = self.kernel
-        mask = magnitude_mask(keras.ops.convert_to_numpy(self.effective_kernel()), sparsity)
+        mask = self.pattern_mask(keras.ops.convert_to_numpy(self.effective_kernel()), sparsity)
         self.mask.assign(mask)
         kernel.assign(keras.ops.convert_to_numpy(kernel) * mask.astype(kernel.dtype))
 
     def get_config(self):
         config = super().get_config()
         config["schedule"] = keras.saving.serialize_keras_object(self.schedule)
+        config.update(block_size=list(self.block_size),
+                      block_pooling_type=self.block_pooling_type,
+                      sparsity_m_by_n=None if self.sparsity_m_by_n is None else
+                      list(self.sparsity_m_by_n))
         return config
 
     @classmethod
@@ -114,7 +116,8 @@ class PrunableLayer:
                                   "returning the weight to prune.")
 
 
-def prune(model, schedule, skip=()):
+def prune(model, schedule, skip=(), block_size=(1, 1), block_pooling_type="AVG",
+          sparsity_m_by_n=None):
     """Wraps every layer with a kernel in `PruneLowMagnitude`.
 
     Args:
@@ -125,6 +128,12 @@ def prune(model, schedule, skip=()):
         schedule: `ConstantSparsity` or `PolynomialDecay`.
         skip: layer names or layer classes to leave dense (the output layer,
             usually).
+        block_size, block_pooling_type: prune `(height, width)` blocks of 2-D
+            kernels together, ranked by their mean (`"AVG"`) or largest
+            (`"MAX"`) magnitude.
+        sparsity_m_by_n: `(m, n)` for m zeros in every n consecutive
+            input-channel weights, e.g. `(2, 4)`; the schedule then only says
+            when masks change.
 
     Returns:
         The pruned model: compile it, and train with the `UpdatePruning`
@@ -143,9 +152,11 @@ def prune(model, schedule, skip=()):
     if not isinstance(schedule, PruningSchedule):
         raise TypeError("schedule must be a kdist.sparsity.PruningSchedule (ConstantSparsity, "
                         f"PolynomialDecay or a subclass); got {type(schedule).__name__}.")
+    pattern = dict(zip(("block_size", "block_pooling_type", "sparsity_m_by_n"),
+                       check_pattern(block_size, block_pooling_type, sparsity_m_by_n)))
     if bridge.is_tf_keras(model):
-        return bridge.prune(model, schedule, skip)
-    return wrap_layers(model, lambda layer: PruneLowMagnitude(layer, schedule),
+        return bridge.prune(model, schedule, skip, pattern)
+    return wrap_layers(model, lambda layer: PruneLowMagnitude(layer, schedule, **pattern),
                        PruneLowMagnitude, skip, "prune")
 
 

@@ -48,6 +48,8 @@ class KernelWrapper(keras.layers.Wrapper):
     def __init__(self, layer, **kwargs):
         kwargs.setdefault("dtype", layer.dtype_policy)
         super().__init__(layer, **kwargs)
+        # A first layer given `input_shape=` still gives its Sequential model an input.
+        self._input_shape_arg = getattr(layer, "_input_shape_arg", None)
 
     @property
     def base_layer(self):
