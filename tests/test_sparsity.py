@@ -189,6 +189,9 @@ def test_magnitude_mask_keeps_the_largest_weights():
     (lambda: keras.layers.Conv1D(8, 3), (12, 3)),
     (lambda: keras.layers.Conv2D(8, 3), (8, 8, 2)),
     (lambda: keras.layers.Conv3D(4, 2), (5, 5, 5, 1)),
+    (lambda: keras.layers.DepthwiseConv2D(3, depth_multiplier=4), (8, 8, 3)),
+    (lambda: keras.layers.SeparableConv2D(8, 3), (8, 8, 3)),
+    (lambda: keras.layers.Embedding(20, 6), (5,)),
 ])
 def test_each_layer_kind_reaches_the_schedule_sparsity(layer, shape):
     keras.utils.set_random_seed(1)
@@ -199,6 +202,8 @@ def test_each_layer_kind_reaches_the_schedule_sparsity(layer, shape):
     assert [type(l).__name__ for l in pruned.layers][0] == "PruneLowMagnitude"
     pruned.compile(keras.optimizers.Adam(1e-2), "mse")
     x = np.random.default_rng(0).normal(size=(64,) + shape).astype("float32")
+    if isinstance(pruned.layers[0].base_layer, keras.layers.Embedding):
+        x = np.random.default_rng(0).integers(0, 20, size=(64,) + shape)
     history = pruned.fit(x, x.reshape(64, -1)[:, :1], batch_size=8, epochs=2, verbose=0,
                          callbacks=[sparsity.UpdatePruning()])
     name = pruned.layers[0].base_layer.name

@@ -20,6 +20,13 @@ except ImportError:  # pragma: no cover
     _Functional = None
 
 
+# What Keras's layers call the weight to prune, in order of preference: a
+# SeparableConv's pointwise kernel holds most of its weights.
+_KERNEL_NAMES = ("_kernel", "kernel", "pointwise_kernel", "depthwise_kernel", "embeddings")
+_INITIALIZER_NAMES = ("kernel_initializer", "pointwise_initializer", "depthwise_initializer",
+                      "embeddings_initializer")
+
+
 def kernel_variable(layer):
     """The kernel `Variable` of `layer`, or None when it has none.
 
@@ -35,7 +42,7 @@ def kernel_variable(layer):
                 "prunes and quantises one weight per layer. Return the one to prune, or "
                 "split the layer.")
         return weights[0] if weights else None
-    for name in ("_kernel", "kernel"):
+    for name in _KERNEL_NAMES:
         value = getattr(layer, name, None)
         if isinstance(value, keras.Variable) and value.trainable:
             return value
@@ -206,7 +213,8 @@ def wrap_layers(model, wrap, kind, skip, verb):
             return False
         base = layer.base_layer if isinstance(layer, KernelWrapper) else layer
         return kernel_variable(base) is not None or (not base.built and (
-            hasattr(base, "kernel_initializer") or hasattr(base, "get_prunable_weights")))
+            any(hasattr(base, name) for name in _INITIALIZER_NAMES)
+            or hasattr(base, "get_prunable_weights")))
 
     if isinstance(model, keras.Model):
         chosen = []
