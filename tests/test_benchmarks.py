@@ -246,3 +246,24 @@ def test_core_placement_benchmark_samples_both_series(mpiexec_path):
     trips = result["cache_line_round_trip_ns"]
     if isinstance(trips, dict):  # absent without a C compiler or a second core
         assert trips["windows"] >= 1 and 0 < trips["p10_ns"] <= trips["p90_ns"]
+
+
+def test_tflite_export_benchmark_compares_sizes_latency_and_accuracy():
+    done = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "benchmarks", "tflite_export.py"), "--epochs", "1",
+         "--rows", "1500", "--calls", "50"],
+        capture_output=True, text=True, timeout=400, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = _json_from(done.stdout)
+    models = result["models"]
+    assert set(models) == {"dense/float", "dense/dynamic", "dense/int8", "qat/int8",
+                           "pruned_qat/int8"}
+    assert models["dense/float"]["io"] == ["float32", "float32"]
+    for name in ("dense/int8", "qat/int8", "pruned_qat/int8"):
+        assert models[name]["io"] == ["int8", "int8"]
+        # int8 weights: about a quarter of the float flatbuffer
+        assert models[name]["size_ratio"] < 0.4
+        assert abs(models[name]["accuracy"] - models[name]["keras_accuracy"]) < 0.05
+    # pruning's zeros compress
+    assert models["pruned_qat/int8"]["gzip_ratio"] < models["qat/int8"]["gzip_ratio"]
+    assert result["pruned_hidden_sparsity"] == pytest.approx(0.8, abs=0.01)

@@ -487,11 +487,11 @@ def test_module_doctests():
     import doctest
 
     from kdist import tfmot
-    from kdist.sparsity import (annotation, callbacks, patterns, pruning, quantization,
+    from kdist.sparsity import (annotation, callbacks, export, patterns, pruning, quantization,
                                 schedules, wrapping)
 
-    for module in (annotation, callbacks, patterns, pruning, quantization, schedules, wrapping,
-                   sparsity, tfmot):
+    for module in (annotation, callbacks, export, patterns, pruning, quantization, schedules,
+                   wrapping, sparsity, tfmot):
         result = doctest.testmod(module, extraglobs={"np": np, "kdist": kdist},
                                  optionflags=doctest.ELLIPSIS)
         assert result.failed == 0, module.__name__
@@ -577,3 +577,27 @@ def test_the_parameter_server_master_prunes_a_quantised_model(mpirun):
     assert np.mean(kernel == 0) >= reports[0]["expected"] - 0.01
     for channel in range(kernel.shape[1]):
         assert len(np.unique(kernel[:, channel])) <= 16
+
+
+# TFLite export -------------------------------------------------------------------------
+
+def test_a_quantized_model_exports_to_a_tflite_model_that_is_int8_end_to_end(tmp_path):
+    x, y = _task()
+    model = _model()
+    model.compile(keras.optimizers.Adam(1e-2), "binary_crossentropy")
+    model.fit(x, y, epochs=3, verbose=0)
+    qat = sparsity.quantize(sparsity.strip(model))
+    qat.compile(keras.optimizers.Adam(1e-3), "binary_crossentropy")
+    qat.fit(x, y, epochs=1, verbose=0)
+    path = tmp_path / "model.tflite"
+    flatbuffer = sparsity.export_tflite(qat, path, representative_data=x[:200])
+    assert path.read_bytes() == flatbuffer
+    assert [np.dtype(d) for d in sparsity.tflite_dtypes(flatbuffer)] == [np.int8, np.int8]
+    ours, theirs = sparsity.run_tflite(flatbuffer, x[:100]), qat.predict(x[:100], verbose=0)
+    # An int8 sigmoid output has steps of 1/256.
+    assert np.abs(ours - theirs).max() < 0.05
+    assert np.mean((ours > 0.5) == (theirs > 0.5)) >= 0.95
+    dynamic = sparsity.export_tflite(qat, int8=False)
+    assert [np.dtype(d) for d in sparsity.tflite_dtypes(dynamic)] == [np.float32, np.float32]
+    with pytest.raises(ValueError, match="representative_data"):
+        sparsity.export_tflite(qat)
