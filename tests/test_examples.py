@@ -56,10 +56,14 @@ def test_prune_quantize_example_keeps_accuracy_and_exports_integers(mpirun, tmp_
                  args=["--epochs", 4, "--sparsity", 0.8, "--export", exported])
     found = dict(re.findall(r"^(?:\[kdist 0\] )?(.+): test accuracy ([0-9.]+)$", job.output,
                             re.MULTILINE))
+    tflite = [float(v) for k, v in found.items() if k.startswith("int8 TFLite model")]
+    found = {k: v for k, v in found.items() if not k.startswith("int8 TFLite model")}
     assert set(found) == {"dense", "pruned to 80%", "8-bit"}, job.output[-3000:]
     assert float(found["dense"]) > 0.9
     assert float(found["pruned to 80%"]) > float(found["dense"]) - 0.05
     assert float(found["8-bit"]) > float(found["dense"]) - 0.05
+    assert len(tflite) == 1 and tflite[0] > float(found["8-bit"]) - 0.02
+    assert (tmp_path / "digits_int.tflite").exists()
     with np.load(exported) as stored:
         codes = stored["hidden1/codes"]
         assert codes.dtype == np.int8 and codes.shape == (64, 256)

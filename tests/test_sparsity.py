@@ -567,6 +567,17 @@ def test_masks_are_identical_on_every_rank(mpirun, mode, n):
 
 
 @pytest.mark.mpi
+@pytest.mark.parametrize("mode", ["hvd", "mpi"])
+def test_quantizer_ranges_agree_on_every_rank(mpirun, mode):
+    job = mpirun("sparsity_train.py", n=2, args=[mode, "--quantize", "--sync-ranges"],
+                 timeout=240)
+    first, second = job.rank(0), job.rank(1)
+    assert len(first["ranges"]) == 2 and all(high > low for low, high in first["ranges"])
+    assert second["ranges"] == first["ranges"]
+    assert second["kernels"] == first["kernels"]
+
+
+@pytest.mark.mpi
 def test_the_parameter_server_master_prunes_a_quantised_model(mpirun):
     job = mpirun("sparsity_train.py", n=3, args=["ps", "--quantize"], timeout=240)
     reports = [job.rank(r) for r in range(3)]

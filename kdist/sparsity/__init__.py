@@ -13,7 +13,8 @@ tf_keras models are handed to tensorflow-model-optimization (extra `tfmot`);
 
 from kdist.sparsity.annotation import (QuantizeAnnotate, quantize_annotate_layer,
                                        quantize_annotate_model, quantize_apply)
-from kdist.sparsity.callbacks import PruningSummaries, UpdatePruning, sparsity_of
+from kdist.sparsity.callbacks import (PruningSummaries, SyncQuantizeRanges, UpdatePruning,
+                                      sparsity_of)
 from kdist.sparsity.export import export_tflite, run_tflite, tflite_dtypes
 from kdist.sparsity.patterns import block_mask, magnitude_mask, n_of_m_mask
 from kdist.sparsity.pruning import PrunableLayer, PruneLowMagnitude, prune, pruned_layers
@@ -25,8 +26,8 @@ from kdist.sparsity.wrapping import KernelWrapper, strip
 __all__ = [
     "ConstantSparsity", "KernelWrapper", "PolynomialDecay", "PrunableLayer",
     "PruneLowMagnitude", "PruningSchedule", "PruningSummaries", "QuantizeAnnotate",
-    "QuantizeAware", "UpdatePruning", "block_mask", "export_quantized", "export_tflite",
-    "fake_quantize", "magnitude_mask", "n_of_m_mask", "prune", "pruned_layers", "quantize",
-    "quantize_annotate_layer", "quantize_annotate_model", "quantize_apply", "quantize_array",
-    "run_tflite", "sparsity_of", "strip", "tflite_dtypes",
+    "QuantizeAware", "SyncQuantizeRanges", "UpdatePruning", "block_mask", "export_quantized",
+    "export_tflite", "fake_quantize", "magnitude_mask", "n_of_m_mask", "prune", "pruned_layers",
+    "quantize", "quantize_annotate_layer", "quantize_annotate_model", "quantize_apply",
+    "quantize_array", "run_tflite", "sparsity_of", "strip", "tflite_dtypes",
 ]

@@ -6,8 +6,11 @@ import os
 import keras
 import numpy as np
 
+from kdist.comm import collectives, processes
 from kdist.sparsity import bridge
 from kdist.sparsity.pruning import pruned_layers
+from kdist.sparsity.quantization import QuantizeAware
+from kdist.sparsity.wrapping import wrappers_in
 
 logger = logging.getLogger(__name__)
 
@@ -125,6 +128,54 @@ class UpdatePruning(keras.callbacks.Callback):
         when = f"epoch {epoch + 1} " if epoch is not None and epoch >= 0 else ""
         logger.info("%ssparsity: %s", when,
                     ", ".join(f"{name} {value:.3f}" for name, value in report.items()))
+
+
+class SyncQuantizeRanges(keras.callbacks.Callback):
+    """Keeps the output ranges of `quantize()`d layers equal on every rank.
+
+    Each rank's layers track the range of the batches that rank sees. Under
+    data parallelism (`kdist.DistributedOptimizer`, `MPIStrategy`) the ranks'
+    ranges would drift apart, and each rank would end with a different
+    integer model. After every training step this callback averages them
+    over the ranks that train together: the optimizer's communicator, or all
+    ranks. The ranges are moving averages, which are linear, so the result is
+    the moving average of the ranks' batches taken together. On one process
+    it does nothing. Give it to every rank; the parameter server needs it
+    not, since its master holds the one copy of the ranges.
+
+    Example:
+
+    >>> import keras, kdist
+    >>> model = kdist.sparsity.quantize(keras.Sequential([keras.Input((4,)),
+    ...                                                   keras.layers.Dense(2)]))
+    >>> model.compile("sgd", "mse")
+    >>> _ = model.fit(np.ones((8, 4)), np.ones((8, 2)), verbose=0,
+    ...               callbacks=[kdist.sparsity.SyncQuantizeRanges()])
+    """
+
+    def __init__(self):
+        super().__init__()
+        self._layers, self._comm = [], None
+
+    def on_train_begin(self, logs=None):
+        self._layers = [w for w in wrappers_in(self.model, QuantizeAware) if w.activations]
+        if not self._layers:
+            raise ValueError("SyncQuantizeRanges: the model has no layer quantised with "
+                             "activations=True by kdist.sparsity.quantize.")
+        comm = getattr(getattr(self.model, "optimizer", None), "comm", None)
+        comm = comm if comm is not None else processes.world()
+        self._comm = comm if comm.size > 1 else None
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self._comm is None:
+            return
+        variables = [v for w in self._layers if w.built
+                     for v in (w.output_min, w.output_max, w.range_seen)]
+        values = np.array([float(keras.ops.convert_to_numpy(v)) for v in variables])
+        averaged = collectives.allreduce(values, comm=self._comm,
+                                         name="kdist_quantize_ranges")
+        for variable, value in zip(variables, averaged):
+            variable.assign(value)
 
 
 class PruningSummaries(keras.callbacks.TensorBoard):

@@ -15,6 +15,7 @@ from common import report
 parser = argparse.ArgumentParser()
 parser.add_argument("mode", choices=["hvd", "mpi", "ps"])
 parser.add_argument("--quantize", action="store_true")
+parser.add_argument("--sync-ranges", action="store_true")
 args = parser.parse_args()
 
 import keras  # noqa: E402
@@ -47,6 +48,7 @@ def compile_(model, optimizer):
 kdist.init()
 rank, size = kdist.rank(), kdist.size()
 extra = {}
+syncing = [sparsity.SyncQuantizeRanges()] if args.sync_ranges else []
 if args.mode == "hvd":
     model = build()
     compile_(model, kdist.DistributedOptimizer(keras.optimizers.Adam(1e-2)))
@@ -54,14 +56,14 @@ if args.mode == "hvd":
     history = model.fit(x[part], y[part], batch_size=64 // size, epochs=2, verbose=0,
                         shuffle=False,
                         callbacks=[kdist.callbacks.BroadcastGlobalVariablesCallback(0),
-                                   sparsity.UpdatePruning()])
+                                   sparsity.UpdatePruning(), *syncing])
 elif args.mode == "mpi":
     strategy = kdist.distribute.MPIStrategy()
     with strategy.scope():
         model = build()
         compile_(model, keras.optimizers.Adam(1e-2))
     history = model.fit(x, y, batch_size=64, epochs=2, verbose=0, shuffle=False,
-                        callbacks=[sparsity.UpdatePruning()])
+                        callbacks=[sparsity.UpdatePruning(), *syncing])
 else:
     class MaskProbe(keras.callbacks.Callback):
         """What a worker starts each step of its second epoch from, before any final sync."""
@@ -107,4 +109,6 @@ report({"masks": masks, "kernels": kernels, "sparsity": sparsity.sparsity_of(mod
         "strip_equal": args.quantize or bool(np.allclose(model.predict(x, verbose=0),
                                                          plain.predict(x, verbose=0),
                                                          rtol=1e-5, atol=1e-6)),
-        "expected": SCHEDULE.sparsity_reached(), **extra})
+        "expected": SCHEDULE.sparsity_reached(),
+        "ranges": [[float(keras.ops.convert_to_numpy(v)) for v in (w.output_min, w.output_max)]
+                   for w in outermost if isinstance(w, sparsity.QuantizeAware)], **extra})
