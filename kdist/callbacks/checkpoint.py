@@ -5,11 +5,11 @@ import json
 import logging
 import os
 import re
-import tempfile
 
 import keras
 import numpy as np
 
+from kdist._files import write_atomically
 from kdist._version import __version__
 from kdist.callbacks import _sync
 from kdist.callbacks.broadcast import model_state
@@ -40,21 +40,9 @@ def write_npz_atomically(path, arrays, meta):
 
     A crash mid-write leaves the previous file in place, never a torn one.
     """
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
     arrays = dict(arrays)
     arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
-    handle, temporary = tempfile.mkstemp(dir=directory, prefix=".partial-", suffix=".npz")
-    try:
-        with os.fdopen(handle, "wb") as f:
-            np.savez(f, **arrays)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
-        raise
+    write_atomically(path, lambda stream: np.savez(stream, **arrays), suffix=".npz")
 
 
 def load_state(path, variables):

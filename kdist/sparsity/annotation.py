@@ -9,7 +9,7 @@ model; `quantize(model, skip=...)` does the same in one call.
 import keras
 
 from kdist.sparsity.quantization import quantize
-from kdist.sparsity.wrapping import rewrite, wrappers_in
+from kdist.sparsity.wrapping import rewrite, wrapper_from_config, wrappers_in
 
 
 @keras.saving.register_keras_serializable(package="kdist")
@@ -30,10 +30,7 @@ class QuantizeAnnotate(keras.layers.Wrapper):
 
     @classmethod
     def from_config(cls, config, custom_objects=None):
-        config = dict(config)
-        config["layer"] = keras.saving.deserialize_keras_object(
-            config["layer"], custom_objects=custom_objects)
-        return cls(**config)
+        return wrapper_from_config(cls, config, custom_objects)
 
 
 def _no_config(quantize_config):

@@ -9,10 +9,10 @@ returns int8 tensors, as microcontrollers and integer accelerators need;
 
 import contextlib
 import io
-import os
-import tempfile
 
 import numpy as np
+
+from kdist._files import write_atomically
 
 
 def _rows(data, limit=200):
@@ -68,15 +68,7 @@ def export_tflite(model, path=None, representative_data=None, int8=True):
     with contextlib.redirect_stdout(io.StringIO()):  # Keras's "Saved artifact at ..." listing
         flatbuffer = converter.convert()
     if path is not None:
-        directory = os.path.dirname(os.path.abspath(path))
-        handle, temporary = tempfile.mkstemp(suffix=".tflite", dir=directory)
-        try:
-            with os.fdopen(handle, "wb") as stream:
-                stream.write(flatbuffer)
-            os.replace(temporary, path)
-        except BaseException:
-            os.unlink(temporary)
-            raise
+        write_atomically(path, lambda stream: stream.write(flatbuffer), suffix=".tflite")
     return flatbuffer
 
 

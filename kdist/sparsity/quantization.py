@@ -16,13 +16,11 @@ activation follows, as integer inference engines do: a saturating output
 quantised over its own narrow range would stop the gradient.
 """
 
-import os
-import tempfile
-
 import keras
 import numpy as np
 import tensorflow as tf
 
+from kdist._files import write_atomically
 from kdist.sparsity import bridge
 from kdist.sparsity.pruning import PruneLowMagnitude
 from kdist.sparsity.wrapping import KernelWrapper, wrap_layers, wrappers_in
@@ -263,13 +261,5 @@ def export_quantized(model, path=None):
                 arrays[f"{name}/bias"] = entry["bias"]
             if entry["output_range"] is not None:
                 arrays[f"{name}/output_range"] = np.array(entry["output_range"], np.float32)
-        directory = os.path.dirname(os.path.abspath(path))
-        handle, temporary = tempfile.mkstemp(suffix=".npz", dir=directory)
-        try:
-            with os.fdopen(handle, "wb") as stream:
-                np.savez(stream, **arrays)
-            os.replace(temporary, path)
-        except BaseException:
-            os.unlink(temporary)
-            raise
+        write_atomically(path, lambda stream: np.savez(stream, **arrays), suffix=".npz")
     return exported

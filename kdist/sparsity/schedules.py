@@ -97,12 +97,6 @@ class PruningSchedule:
         """The fraction of each kernel pruned at a turn at `step`."""
         return self._answer(step)[1]
 
-    def sparsity_reached(self):
-        """The sparsity the masks have once the schedule has run its course."""
-        last = self.end_step if self.end_step != -1 else self.begin_step
-        last -= (last - self.begin_step) % self.frequency
-        return self.sparsity(last)
-
     def get_config(self):
         raise NotImplementedError(f"{type(self).__name__} must define get_config().")
 
@@ -136,6 +130,12 @@ class _StepRange(PruningSchedule):
 
     def turn(self, ops, step):
         return self.in_pruning_turn(ops, step, self.begin_step, self.end_step, self.frequency)
+
+    def sparsity_reached(self):
+        """The sparsity the masks have once the schedule has run its course."""
+        last = self.end_step if self.end_step != -1 else self.begin_step
+        last -= (last - self.begin_step) % self.frequency
+        return self.sparsity(last)
 
 
 @keras.saving.register_keras_serializable(package="kdist")

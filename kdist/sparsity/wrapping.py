@@ -49,6 +49,14 @@ def kernel_variable(layer):
     return None
 
 
+def wrapper_from_config(cls, config, custom_objects=None):
+    """A `cls` wrapper from its config, its wrapped layer deserialised first."""
+    config = dict(config)
+    config["layer"] = keras.saving.deserialize_keras_object(
+        config["layer"], custom_objects=custom_objects)
+    return cls(**config)
+
+
 class KernelWrapper(keras.layers.Wrapper):
     """Base class: subclasses give `transform_kernel` and `transform_output`."""
 
@@ -129,10 +137,7 @@ class KernelWrapper(keras.layers.Wrapper):
 
     @classmethod
     def from_config(cls, config, custom_objects=None):
-        config = dict(config)
-        config["layer"] = keras.saving.deserialize_keras_object(
-            config["layer"], custom_objects=custom_objects)
-        return cls(**config)
+        return wrapper_from_config(cls, config, custom_objects)
 
     def restore_config(self, config):
         """The base layer's config as it is to be once this wrapper is gone."""

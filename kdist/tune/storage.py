@@ -17,9 +17,10 @@ finished trial as running, so a reloaded search would train it again;
 import functools
 import json
 import os
-import tempfile
 
 import numpy as np
+
+from kdist._files import write_atomically
 
 
 def write_json(path, obj):
@@ -33,19 +34,7 @@ def write_json(path, obj):
 
         return utils.save_json(path, obj)
     text = json.dumps(obj, default=_plain)
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(prefix=".kdist-", suffix=".json", dir=directory)
-    try:
-        with os.fdopen(handle, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
-        raise
+    write_atomically(path, lambda stream: stream.write(text), binary=False, suffix=".json")
     return text
 
 
