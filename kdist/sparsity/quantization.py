@@ -21,7 +21,7 @@ import numpy as np
 import tensorflow as tf
 
 from kdist._files import write_atomically
-from kdist.sparsity import bridge
+from kdist.sparsity import bridge, fixed
 from kdist.sparsity.pruning import PruneLowMagnitude
 from kdist.sparsity.wrapping import KernelWrapper, wrap_layers, wrappers_in
 
@@ -40,11 +40,12 @@ def _check_bits(bits):
     return int(bits)
 
 
-def quantize_array(values, bits, per_channel=True):
+def quantize_array(values, bits, per_channel=True, power_of_two=False):
     """Integer codes and scales of a kernel: `values ~ codes * scales`.
 
     Scales are per last axis (output channel) when `per_channel`, else one
-    scalar. Codes are int8 for up to 8 bits, int16 above.
+    scalar; powers of two with `power_of_two` (fixed-point firmware). Codes
+    are int8 for up to 8 bits, int16 above.
 
     >>> codes, scales = quantize_array(np.array([[0.5, -1.5], [-0.4, 3.0]]), bits=3)
     >>> codes.tolist(), scales.tolist()
@@ -55,14 +56,17 @@ def quantize_array(values, bits, per_channel=True):
     levels = np.float32(2 ** (bits - 1) - 1)
     axes = tuple(range(values.ndim - 1)) if per_channel and values.ndim > 1 else None
     largest = np.max(np.abs(values), axis=axes, keepdims=axes is not None)
-    scales = np.where(largest > 0, largest * (np.float32(1.0) / levels),
-                      np.float32(1.0)).astype(np.float32)
+    if power_of_two:
+        scales = np.asarray(fixed.power_of_two_scale(largest, levels), np.float32)
+    else:
+        scales = np.where(largest > 0, largest * (np.float32(1.0) / levels),
+                          np.float32(1.0)).astype(np.float32)
     codes = np.clip(np.rint(values / scales), -levels, levels)
     dtype = np.int8 if bits <= 8 else np.int16
     return codes.astype(dtype), (scales.reshape(-1) if axes is not None else scales)
 
 
-def fake_quantize(value, bits, per_channel=True):
+def fake_quantize(value, bits, per_channel=True, power_of_two=False):
     """`value` on the b-bit grid of `quantize_array`; gradients pass straight through."""
     ops = keras.ops
     value32 = ops.cast(value, "float32")
@@ -74,7 +78,10 @@ def fake_quantize(value, bits, per_channel=True):
     shape = value32.shape
     axes = tuple(range(len(shape) - 1)) if per_channel and len(shape) > 1 else None
     largest = ops.max(ops.abs(value32), axis=axes, keepdims=True)
-    scale = ops.where(largest > 0, largest * step, ops.ones_like(largest))
+    if power_of_two:
+        scale = fixed.power_of_two_scale(largest, levels)
+    else:
+        scale = ops.where(largest > 0, largest * step, ops.ones_like(largest))
 
     def to_grid(v):
         return ops.clip(ops.round(v / scale), -levels, levels) * scale
@@ -97,10 +104,16 @@ class QuantizeAware(KernelWrapper):
         preserve_sparsity: keep weights that are zero when wrapped at zero
             (a pruned, stripped model stays pruned while it is fine-tuned).
         momentum: of the moving average of the output range.
+        fixed_point: compute as FPGA firmware does: power-of-two weight
+            scales, the bias on a `bits`-bit power-of-two grid too, and
+            outputs rounded half to even and saturated on the `bits`-bit
+            fixed-point type that covers their range (`kdist.sparsity.fixed`).
+            `export_hls4ml` then reproduces the model bit for bit.
     """
 
     def __init__(self, layer, bits=8, per_channel=True, activations=True,
-                 preserve_sparsity=True, momentum=0.99, deferred_activation=None, **kwargs):
+                 preserve_sparsity=True, momentum=0.99, deferred_activation=None,
+                 fixed_point=False, **kwargs):
         kwargs.setdefault("name", f"quantized_{layer.name}")
         super().__init__(layer, **kwargs)
         base = self.base_layer
@@ -117,6 +130,7 @@ class QuantizeAware(KernelWrapper):
         if not 0.0 <= momentum < 1.0:
             raise ValueError(f"momentum must lie in [0, 1); got {momentum}.")
         self.momentum = float(momentum)
+        self.fixed_point = bool(fixed_point)
 
     def build_state(self, kernel):
         self.keep = self.add_weight(name="keep", shape=kernel.shape, initializer="ones",
@@ -135,7 +149,12 @@ class QuantizeAware(KernelWrapper):
 
     def transform_kernel(self, value, training):
         value = value * keras.ops.cast(self.keep, value.dtype)
-        return fake_quantize(value, self.bits, self.per_channel)
+        return fake_quantize(value, self.bits, self.per_channel, self.fixed_point)
+
+    def transform_bias(self, value, training):
+        if not self.fixed_point:
+            return value
+        return fake_quantize(value, self.bits, per_channel=False, power_of_two=True)
 
     def transform_output(self, outputs, training):
         if not self.activations:
@@ -152,9 +171,13 @@ class QuantizeAware(KernelWrapper):
             self.output_min.assign(low)
             self.output_max.assign(high)
             self.range_seen.assign(1.0)
-        quantized = keras.quantizers.fake_quant_with_min_max_vars(
-            ops.cast(outputs, "float32"), ops.stop_gradient(low), ops.stop_gradient(high),
-            num_bits=self.bits)
+        if self.fixed_point:
+            quantized = fixed.fake_fixed(ops.cast(outputs, "float32"), ops.stop_gradient(low),
+                                         ops.stop_gradient(high), self.bits)
+        else:
+            quantized = keras.quantizers.fake_quant_with_min_max_vars(
+                ops.cast(outputs, "float32"), ops.stop_gradient(low), ops.stop_gradient(high),
+                num_bits=self.bits)
         if not training:
             # Before any training step there is no range yet: pass values through.
             quantized = ops.where(self.range_seen > 0, quantized, ops.cast(outputs, "float32"))
@@ -173,14 +196,14 @@ class QuantizeAware(KernelWrapper):
         config = super().get_config()
         config.update(bits=self.bits, per_channel=self.per_channel,
                       activations=self.activations, preserve_sparsity=self.preserve_sparsity,
-                      momentum=self.momentum,
+                      momentum=self.momentum, fixed_point=self.fixed_point,
                       deferred_activation=None if self.deferred_activation is None else
                       keras.activations.serialize(self.deferred_activation))
         return config
 
 
 def quantize(model, bits=8, per_channel=True, activations=True, preserve_sparsity=True,
-             skip=()):
+             skip=(), fixed_point=False):
     """Wraps every layer with a kernel in `QuantizeAware` for fake-quant training.
 
     Works on a pruned model too (pruning goes on, and the kernel stays on the
@@ -190,7 +213,8 @@ def quantize(model, bits=8, per_channel=True, activations=True, preserve_sparsit
 
     Args:
         model: a Sequential or functional model (a copy is returned), or a layer.
-        bits, per_channel, activations, preserve_sparsity: see `QuantizeAware`.
+        bits, per_channel, activations, preserve_sparsity, fixed_point: see
+            `QuantizeAware`.
         skip: layer names or classes to leave in float.
 
     Example:
@@ -205,9 +229,12 @@ def quantize(model, bits=8, per_channel=True, activations=True, preserve_sparsit
     """
     bits = _check_bits(bits)
     if bridge.is_tf_keras(model):
+        if fixed_point:
+            raise ValueError("fixed_point=True needs a Keras 3 model; tf_keras models go to "
+                             "tensorflow-model-optimization, which has no fixed-point mode.")
         return bridge.quantize(model, bits, per_channel, activations)
     options = dict(bits=bits, per_channel=per_channel, activations=activations,
-                   preserve_sparsity=preserve_sparsity)
+                   preserve_sparsity=preserve_sparsity, fixed_point=fixed_point)
     quantized = wrap_layers(model, lambda layer: QuantizeAware(layer, **options), QuantizeAware,
                             skip, "quantize")
     if preserve_sparsity:
@@ -241,12 +268,13 @@ def export_quantized(model, path=None):
                 break
             kernel = inner.transform_kernel(kernel, False)
         kernel = keras.ops.convert_to_numpy(kernel) * keras.ops.convert_to_numpy(wrapper.keep)
-        bias = getattr(base, "bias", None)
+        bias = wrapper.effective_bias(False)
         output_range = None
         if wrapper.activations and float(wrapper.range_seen) > 0:
             output_range = (float(wrapper.output_min), float(wrapper.output_max))
         exported[base.name] = {
-            "kernel": quantize_array(kernel, wrapper.bits, wrapper.per_channel),
+            "kernel": quantize_array(kernel, wrapper.bits, wrapper.per_channel,
+                                     wrapper.fixed_point),
             "bits": wrapper.bits,
             "activation_after_range": None if wrapper.deferred_activation is None else
             wrapper.deferred_activation.__name__,

@@ -99,8 +99,16 @@ class KernelWrapper(keras.layers.Wrapper):
     def transform_kernel(self, value, training):
         return value
 
+    def transform_bias(self, value, training):
+        return value
+
     def transform_output(self, outputs, training):
         return outputs
+
+    @property
+    def bias(self):
+        bias = getattr(self.base_layer, "bias", None)
+        return bias if isinstance(bias, keras.Variable) else None
 
     def effective_kernel(self, training=False):
         """The kernel the wrapped layer computes with."""
@@ -109,16 +117,25 @@ class KernelWrapper(keras.layers.Wrapper):
             value = wrapper.transform_kernel(value, training)
         return value
 
+    def effective_bias(self, training=False):
+        """The bias the wrapped layer computes with (None when it has none)."""
+        if self.bias is None:
+            return None
+        value = self.bias.value
+        for wrapper in self._chain():
+            value = wrapper.transform_bias(value, training)
+        return value
+
     def call(self, inputs, training=None, **kwargs):
         training = bool(training)
-        base, kernel = self.base_layer, self.kernel
-        value = self.effective_kernel(training)
-        given = {id(kernel): value}
-        mapping = [(kernel, value)]
+        base, kernel, bias = self.base_layer, self.kernel, self.bias
+        given = {id(kernel): self.effective_kernel(training)}
+        if bias is not None:
+            given[id(bias)] = self.effective_bias(training)
+        mapping = []
         for variable in base.variables:
-            if variable is not kernel:
-                given[id(variable)] = variable.value
-                mapping.append((variable, given[id(variable)]))
+            given.setdefault(id(variable), variable.value)
+            mapping.append((variable, given[id(variable)]))
         with keras.StatelessScope(mapping, collect_losses=True) as scope:
             outputs = base(inputs, training=training, **kwargs)
         # What the layer assigned inside the scope (statistics, seeds) is applied now.
@@ -151,11 +168,12 @@ class KernelWrapper(keras.layers.Wrapper):
         return type(self.base_layer).from_config(config)
 
     def strip_weights(self):
-        """The base layer's weights with the effective kernel in the kernel's place."""
-        base, kernel = self.base_layer, self.kernel
-        effective = keras.ops.convert_to_numpy(self.effective_kernel(False))
-        return [effective.astype(kernel.dtype) if v is kernel else keras.ops.convert_to_numpy(v)
-                for v in base.weights]
+        """The base layer's weights with the effective kernel and bias in their places."""
+        effective = {id(self.kernel): self.effective_kernel(False)}
+        if self.bias is not None:
+            effective[id(self.bias)] = self.effective_bias(False)
+        return [keras.ops.convert_to_numpy(effective.get(id(v), v)).astype(v.dtype)
+                for v in self.base_layer.weights]
 
 
 def wrappers_in(model, kind=KernelWrapper):
