@@ -1,6 +1,7 @@
-"""Size, CPU latency and accuracy of TFLite models exported by kdist: float,
-dynamic-range (int8 weights) and int8 end to end, from a dense, a
-quantization-aware and a pruned-then-quantization-aware model.
+"""Size, CPU latency and accuracy of integer models exported by kdist: TFLite
+float, dynamic-range (int8 weights) and int8 end to end, from a dense, a
+quantization-aware and a pruned-then-quantization-aware model; and Keras's
+own int8 layers (`sparsity.keras_int8`) from the quantization-aware model.
 
     python benchmarks/tflite_export.py [--epochs 4] [--rows 0] [--calls 2000]
 
@@ -12,7 +13,9 @@ Latency is one row per `invoke()` on one thread, the median of 5 turns of
 `--calls` calls, taken in turns across models so that a change in the core's
 speed hits them all. Sizes are of the flatbuffer and of its gzip, whose
 ratio shows what pruning's zeros save. Ratios are against the float TFLite
-model of the dense network, in the same run. Prints one JSON object.
+model of the dense network, in the same run. The Keras models are timed the
+same way, one row per call of a `tf.function`, and sized by the bytes of
+their weights; their ratios are against the float Keras model. Prints one JSON object.
 """
 
 import argparse
@@ -110,7 +113,43 @@ def main():
     kernel = sparsity.strip(pruned_qat).layers[0].get_weights()[0]
     print(json.dumps({"epochs": args.epochs, "train_rows": len(train[0]),
                       "pruned_hidden_sparsity": round(float(np.mean(kernel == 0)), 3),
-                      "models": models}, indent=1))
+                      "models": models,
+                      "keras": _keras_models(dense, qat, test, args.calls)}, indent=1))
+
+
+def _keras_models(dense, qat, test, calls):
+    import keras
+    import tensorflow as tf
+
+    from kdist import sparsity
+
+    variants = {"dense/float": sparsity.strip(dense),
+                "qat/keras_int8": sparsity.keras_int8(qat)}
+    row = tf.constant(test[0][:1])
+    functions = {name: tf.function(lambda x, m=model: m(x, training=False))
+                 for name, model in variants.items()}
+    times = {name: [] for name in variants}
+    for _ in range(5):
+        for name, function in functions.items():
+            function(row)
+            started = time.perf_counter()
+            for _ in range(calls):
+                function(row)
+            times[name].append((time.perf_counter() - started) / calls)
+    # The bytes of the weights themselves: a weights file also holds the optimizer's.
+    sizes = {name: sum(keras.ops.convert_to_numpy(v).nbytes for v in model.weights)
+             for name, model in variants.items()}
+    report = {}
+    for name, model in variants.items():
+        outputs = model.predict(test[0], verbose=0)
+        report[name] = {
+            "weight_bytes": sizes[name],
+            "size_ratio": round(sizes[name] / sizes["dense/float"], 3),
+            "latency_us": round(1e6 * statistics.median(times[name]), 2),
+            "latency_ratio": round(statistics.median(times[name])
+                                   / statistics.median(times["dense/float"]), 3),
+            "accuracy": round(float(np.mean(np.argmax(outputs, -1) == test[1])), 4)}
+    return report
 
 
 def _export(dense, qat, pruned_qat, calibration):

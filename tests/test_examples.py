@@ -2,6 +2,7 @@
 
 import os
 import re
+import shutil
 
 import pytest
 
@@ -98,3 +99,26 @@ def test_elastic_example_replaces_a_killed_rank_and_finishes_on_three(mpirun):
     found = re.findall(r"finished on 3 rank\(s\): loss [0-9.]+, accuracy ([0-9.]+)", job.output)
     assert len(found) == 1, job.output[-3000:]
     assert float(found[0]) > 0.8
+
+
+FPGA_EXAMPLE = os.path.join(ROOT, "examples", "fpga_trigger.py")
+
+
+@pytest.mark.mpi
+@pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,
+                    reason="hls4ml's C++ emulation needs a C++ compiler")
+def test_fpga_trigger_example_writes_firmware_that_matches_the_model(mpirun, tmp_path):
+    pytest.importorskip("hls4ml")
+    job = mpirun(FPGA_EXAMPLE, n=2, timeout=300,
+                 args=["--epochs", 3, "--rows", 6000, "--bits", 6,
+                       "--output-dir", tmp_path / "prj"])
+    found = dict(re.findall(r"^(?:\[kdist 0\] )?(.+): test accuracy ([0-9.]+)$", job.output,
+                            re.MULTILINE))
+    assert set(found) == {"float", "6-bit fixed point, 50% pruned", "firmware"}, job.output
+    assert float(found["float"]) > 0.6
+    assert float(found["6-bit fixed point, 50% pruned"]) > float(found["float"]) - 0.08
+    # The firmware takes 16-bit inputs, the Keras model float ones: a jet or two may differ.
+    assert abs(float(found["firmware"]) - float(found["6-bit fixed point, 50% pruned"])) < 0.01
+    assert re.search(r"100\.00% of 6000 outputs bit-exact, largest difference 0$",
+                     job.output, re.MULTILINE), job.output
+    assert (tmp_path / "prj" / "firmware" / "myproject.cpp").exists()

@@ -612,3 +612,38 @@ def test_a_quantized_model_exports_to_a_tflite_model_that_is_int8_end_to_end(tmp
     assert [np.dtype(d) for d in sparsity.tflite_dtypes(dynamic)] == [np.float32, np.float32]
     with pytest.raises(ValueError, match="representative_data"):
         sparsity.export_tflite(qat)
+
+
+# Keras's own int8 layers -------------------------------------------------------------------
+
+def test_keras_int8_layers_hold_exactly_the_codes_quantization_aware_training_reached(tmp_path):
+    x, y = _task()
+    pruned = sparsity.prune(_model(), sparsity.ConstantSparsity(0.6, 0, frequency=4))
+    qat = sparsity.quantize(pruned)
+    qat.compile(keras.optimizers.Adam(1e-2), "binary_crossentropy", metrics=["accuracy"])
+    qat.fit(x, y, epochs=3, verbose=0, callbacks=[sparsity.UpdatePruning()])
+    int8 = sparsity.keras_int8(qat)
+    codes = sparsity.export_quantized(qat)
+    for layer in int8.layers:
+        kernel = keras.ops.convert_to_numpy(layer._kernel)
+        assert kernel.dtype == np.int8
+        np.testing.assert_array_equal(kernel, codes[layer.name]["kernel"][0])
+    assert np.mean(keras.ops.convert_to_numpy(int8.layers[0]._kernel) == 0) >= 0.6
+    ours, theirs = int8.predict(x, verbose=0), qat.predict(x, verbose=0)
+    assert np.mean((ours > 0.5) == (theirs > 0.5)) >= 0.97
+    int8.save(tmp_path / "int8.keras")
+    again = keras.models.load_model(tmp_path / "int8.keras")
+    np.testing.assert_array_equal(again.predict(x[:20], verbose=0), int8.predict(x[:20],
+                                                                              verbose=0))
+
+
+def test_keras_int8_warns_about_other_grids_and_refuses_models_without_int8_layers():
+    with pytest.warns(UserWarning, match="another grid"):
+        sparsity.keras_int8(sparsity.quantize(_model(), bits=4))
+    plain = sparsity.keras_int8(_model())  # a float model: Keras's post-training int8
+    assert plain.layers[0]._kernel.dtype == "int8"
+    convs = keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Conv2D(2, 3)])
+    with pytest.raises(ValueError, match="Dense, EinsumDense and Embedding"):
+        sparsity.keras_int8(convs)
+    with pytest.raises(TypeError, match="Keras 3 model"):
+        sparsity.keras_int8(keras.layers.Dense(2))

@@ -1,4 +1,5 @@
-"""TFLite flatbuffers from pruned and quantised models, int8 end to end.
+"""Integer models from pruned and quantised ones: TFLite flatbuffers, int8 end
+to end, and Keras's own int8 layers.
 
 A model trained with `quantize()` carries fake-quantisation ops whose
 ranges the TFLite converter takes over; the model's input range comes from a
@@ -9,10 +10,14 @@ returns int8 tensors, as microcontrollers and integer accelerators need;
 
 import contextlib
 import io
+import warnings
 
+import keras
 import numpy as np
 
 from kdist._files import write_atomically
+from kdist.sparsity.quantization import QuantizeAware
+from kdist.sparsity.wrapping import strip, wrappers_in
 
 
 def _rows(data, limit=200):
@@ -106,3 +111,50 @@ def run_tflite(flatbuffer, x):
             result = (result.astype(np.float32) - zero) * scale
         outputs.append(result[0])
     return np.stack(outputs)
+
+
+def _has_int8_form(layer):
+    return type(layer).quantize is not keras.layers.Layer.quantize
+
+
+def keras_int8(model):
+    """A copy of `model` with Keras's own int8 layers (`Model.quantize("int8")`).
+
+    Trained with `kdist.sparsity.quantize(model)` (8 bits, one scale per
+    output channel: the defaults), the copy's int8 kernels hold exactly the
+    integer codes of `export_quantized`, so what quantization-aware training
+    reached carries over; pruned zeros stay zero. Keras quantises each int8
+    layer's inputs on the fly, row by row, where the trained model used its
+    tracked ranges, so outputs agree closely rather than bit for bit. Keras
+    has int8 forms of Dense, EinsumDense and Embedding only; other layers stay
+    float.
+
+    >>> import keras, kdist
+    >>> model = kdist.sparsity.quantize(keras.Sequential([keras.Input((4,)),
+    ...                                                   keras.layers.Dense(3)]))
+    >>> int8 = kdist.sparsity.keras_int8(model)
+    >>> [weight.dtype for weight in int8.layers[0].weights]
+    ['float32', 'int8', 'float32']
+    """
+    if not isinstance(model, keras.Model):
+        raise TypeError(f"keras_int8() takes a Keras 3 model; got {type(model).__name__}.")
+    elsewhere = [w.base_layer.name for w in wrappers_in(model, QuantizeAware)
+                 if w.bits != 8 or not w.per_channel or w.fixed_point]
+    if elsewhere:
+        warnings.warn(
+            f"Layers {elsewhere} were trained on another grid than Keras's int8 (8 bits, a "
+            "float scale per output channel); Keras re-quantises them and they lose what "
+            "training on their own grid gained. Use export_hls4ml for fixed-point models.",
+            stacklevel=2)
+    if wrappers_in(model):
+        plain = strip(model)
+    else:
+        plain = keras.models.clone_model(model)
+        plain.set_weights(model.get_weights())
+    if not any(_has_int8_form(layer) for layer in plain._flatten_layers(include_self=False)):
+        raise ValueError("Keras has int8 forms of Dense, EinsumDense and Embedding layers "
+                         f"only; model {model.name!r} has none.")
+    with warnings.catch_warnings():  # Keras names every layer it leaves in float
+        warnings.filterwarnings("ignore", message=".*does not have a `quantize` method")
+        plain.quantize("int8")
+    return plain

@@ -10,10 +10,11 @@ the same numbers, its precisions read off the trained model:
     ReLU output     -> the same (the layer before it keeps the exact sum)
     Flatten, pooling, Dropout, plain ReLU -> the type of their input
 
-`compare_hls4ml` runs the compiled C++ emulation (a C++ compiler, no vendor
-tools) against the Keras model on the same fixed-point inputs and reports how
-many outputs agree bit for bit. Softmax, sigmoid and tanh outputs come from
-hls4ml's lookup tables, so they agree closely, not exactly; their inputs do.
+`predict_hls4ml` runs the compiled C++ emulation (a C++ compiler, no vendor
+tools); `compare_hls4ml` runs it against the Keras model on the same
+fixed-point inputs and reports how many outputs agree bit for bit.
+Softmax, sigmoid and tanh outputs come from hls4ml's lookup tables, so they
+agree closely, not exactly; their inputs do.
 """
 
 import warnings
@@ -183,18 +184,23 @@ def _firmware_input_type(firmware):
     return FixedType(precision.width, precision.integer, signed=precision.signed)
 
 
+def predict_hls4ml(firmware, inputs):
+    """The compiled firmware's outputs for float `inputs`, cast first to its
+    input type (as the detector's digitiser would deliver them)."""
+    on_grid = _firmware_input_type(firmware).cast(inputs).astype(np.float32)
+    outputs = np.asarray(firmware.predict(np.ascontiguousarray(on_grid)))
+    return outputs.reshape(len(on_grid), -1)
+
+
 def compare_hls4ml(model, firmware, inputs):
     """How closely the compiled firmware reproduces `model` on `inputs`.
 
-    Inputs are first cast to the firmware's input type (as the detector's
-    digitiser would deliver them), then both run. Returns
+    Both run on `inputs` cast to the firmware's input type. Returns
     `{"max_abs_difference", "bit_exact_fraction", "outputs"}`.
     """
-    kind = _firmware_input_type(firmware)
-    on_grid = kind.cast(inputs).astype(np.float32)
+    on_grid = _firmware_input_type(firmware).cast(inputs).astype(np.float32)
     expected = np.asarray(model.predict(on_grid, verbose=0), dtype=np.float64)
-    got = np.asarray(firmware.predict(np.ascontiguousarray(on_grid)),
-                     dtype=np.float64).reshape(expected.shape)
+    got = predict_hls4ml(firmware, on_grid).astype(np.float64).reshape(expected.shape)
     difference = np.abs(got - expected)
     return {"max_abs_difference": float(difference.max()),
             "bit_exact_fraction": float(np.mean(difference == 0)),
