@@ -146,14 +146,25 @@ def test_sparsity_benchmark_compares_kdist_with_tfmot():
         pytest.skip("needs tensorflow-model-optimization")  # TF_USE_LEGACY_KERAS here
     done = subprocess.run(
         [sys.executable, os.path.join(ROOT, "benchmarks", "sparsity.py"), "--seeds", "1",
-         "--epochs", "1", "--pretrain-epochs", "1", "--rows", "2000", "--sparsities", "0.5"],
+         "--epochs", "1", "--pretrain-epochs", "1", "--rows", "2000", "--sparsities", "0.5",
+         "--bits", "8,4"],
         capture_output=True, text=True, timeout=400, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
     assert done.returncode == 0, done.stderr[-3000:]
     result = _json_from(done.stdout)
     (run,) = result["runs"]
+    assert set(run["kdist"]) == {"dense", "pruned@0.5", "qat8", "fixed8", "qat4", "fixed4"}
+    assert set(run["tfmot"]) == {"dense", "pruned@0.5", "qat8"}
     for lib in ("kdist", "tfmot"):
-        assert set(run[lib]) == {"dense", "pruned@0.5", "qat8"}
         assert all(0.0 < accuracy <= 1.0 for accuracy in run[lib].values())
+    table = result["summary"]["table"]
+    assert table["qat4"]["kdist"]["drop_points"] == pytest.approx(
+        100 * (run["kdist"]["dense"] - run["kdist"]["qat4"]), abs=0.01)
+    # Weights counted at their width: 8 bits is a quarter of float, 4 bits an eighth at most.
+    dense = table["dense"]["kdist"]["weight_bytes"]
+    assert table["qat8"]["kdist"]["weight_bytes"] <= dense / 4
+    assert table["fixed4"]["kdist"]["weight_bytes"] <= dense / 8
+    if "hgq2" in run:
+        assert set(run["hgq2"]) == {"qat8", "qat4"}
     pruned = result["summary"]["pruned@0.5"]
     assert pruned["kdist_drop_points"] == pytest.approx(
         100 * (run["kdist"]["dense"] - run["kdist"]["pruned@0.5"]))
@@ -267,3 +278,6 @@ def test_tflite_export_benchmark_compares_sizes_latency_and_accuracy():
     # pruning's zeros compress
     assert models["pruned_qat/int8"]["gzip_ratio"] < models["qat/int8"]["gzip_ratio"]
     assert result["pruned_hidden_sparsity"] == pytest.approx(0.8, abs=0.01)
+    keras_int8 = result["keras"]["qat/keras_int8"]
+    assert keras_int8["size_ratio"] < 0.3  # int8 kernels, float biases and scales
+    assert abs(keras_int8["accuracy"] - models["qat/int8"]["keras_accuracy"]) < 0.05
