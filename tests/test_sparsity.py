@@ -647,3 +647,17 @@ def test_keras_int8_warns_about_other_grids_and_refuses_models_without_int8_laye
         sparsity.keras_int8(convs)
     with pytest.raises(TypeError, match="Keras 3 model"):
         sparsity.keras_int8(keras.layers.Dense(2))
+
+
+def test_recurrent_layers_left_dense_are_named_in_a_warning():
+    model = keras.Sequential([keras.Input((5, 3)), keras.layers.LSTM(4, name="lstm"),
+                              keras.layers.Dense(2, name="out")])
+    with pytest.warns(UserWarning, match=r"recurrent layers \['lstm'\]"):
+        pruned = sparsity.prune(model, sparsity.ConstantSparsity(0.5, 0))
+    assert [type(layer).__name__ for layer in pruned.layers] == ["LSTM", "PruneLowMagnitude"]
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        sparsity.quantize(model, skip=["lstm"])
+    assert not [w for w in caught if "recurrent" in str(w.message)]

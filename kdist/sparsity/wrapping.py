@@ -10,6 +10,8 @@ chain, innermost first, in one scope.
 carrying every weight over; `strip` uses it to drop the wrappers again.
 """
 
+import warnings
+
 import keras
 
 from kdist.sparsity import bridge
@@ -230,9 +232,12 @@ def wrap_layers(model, wrap, kind, skip, verb):
         if not isinstance(entry, (str, type)):
             raise TypeError(f"skip takes layer names or layer classes; got {entry!r}.")
 
+    def skipped(layer):
+        return any(layer.name == s if isinstance(s, str) else isinstance(layer, s)
+                   for s in skip)
+
     def wanted(layer):
-        if isinstance(layer, kind) or any(
-                layer.name == s if isinstance(s, str) else isinstance(layer, s) for s in skip):
+        if isinstance(layer, kind) or skipped(layer):
             return False
         base = layer.base_layer if isinstance(layer, KernelWrapper) else layer
         return kernel_variable(base) is not None or (not base.built and (
@@ -250,6 +255,14 @@ def wrap_layers(model, wrap, kind, skip, verb):
             return wrap(fresh), fresh, layer.get_weights() if layer.built else None
 
         wrapped = rewrite(model, replace, verb)
+        recurrent = [layer.name for layer in model._flatten_layers(include_self=False)
+                     if isinstance(layer, (keras.layers.RNN, keras.layers.Bidirectional))
+                     and not skipped(layer)]
+        if recurrent:
+            warnings.warn(
+                f"{verb}() leaves the recurrent layers {recurrent} as they are: kdist wraps "
+                "one kernel per layer, and a recurrent layer keeps two in its cell. Skip "
+                "them explicitly to silence this.", stacklevel=3)
         if not chosen:
             raise ValueError(f"Nothing to {verb} in model {model.name!r}: no layer with a "
                              f"kernel is left after skip={list(skip)}.")
