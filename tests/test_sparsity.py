@@ -333,9 +333,10 @@ def test_the_schedule_goes_on_after_quantizing_with_a_new_optimizer():
 def test_a_pruned_model_saved_before_layers_counted_steps_still_loads(tmp_path, monkeypatch):
     from kdist.sparsity.pruning import PruneLowMagnitude
 
-    def mask_only(self, kernel):  # what build_state made before pruning_step existed
-        self.mask = self.add_weight(name="mask", shape=kernel.shape, initializer="ones",
+    def mask_only(self, targets):  # what build_state made before pruning_step existed
+        self.mask = self.add_weight(name="mask", shape=targets[0].shape, initializer="ones",
                                     trainable=False, dtype="float32", autocast=False)
+        self.masks = [self.mask]
 
     with monkeypatch.context() as patch:
         patch.setattr(PruneLowMagnitude, "build_state", mask_only)
@@ -649,15 +650,50 @@ def test_keras_int8_warns_about_other_grids_and_refuses_models_without_int8_laye
         sparsity.keras_int8(keras.layers.Dense(2))
 
 
-def test_recurrent_layers_left_dense_are_named_in_a_warning():
+@pytest.mark.parametrize("kind", ["LSTM", "GRU", "SimpleRNN", "Bidirectional"])
+def test_recurrent_layers_have_their_input_and_recurrent_kernels_pruned(kind, tmp_path):
+    recurrent = (keras.layers.Bidirectional(keras.layers.LSTM(6), name="rnn")
+                 if kind == "Bidirectional" else getattr(keras.layers, kind)(6, name="rnn"))
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((5, 3)), recurrent, keras.layers.Dense(1, name="out")])
+    x = np.random.default_rng(0).normal(size=(64, 5, 3)).astype("float32")
+    y = x[:, -1, :1]
+    pruned = sparsity.prune(model, sparsity.PolynomialDecay(0.0, 0.75, 0, 8, frequency=2),
+                            skip=["out"])
+    wrapper = pruned.layers[0]
+    assert isinstance(wrapper, sparsity.PruneLowMagnitude)
+    pruned.compile(keras.optimizers.Adam(1e-2), "mse")
+    pruned.fit(x, y, batch_size=8, epochs=2, verbose=0, callbacks=[sparsity.UpdatePruning()])
+    kernels = 4 if kind == "Bidirectional" else 2
+    assert len(wrapper.targets) == len(wrapper.masks) == kernels
+    assert {v.path.rsplit("/", 1)[-1] for v in wrapper.targets} == {"kernel",
+                                                                   "recurrent_kernel"}
+    for index in range(kernels):
+        effective = keras.ops.convert_to_numpy(wrapper.effective_kernel(False, index))
+        assert np.mean(effective == 0) == pytest.approx(0.75, abs=0.05)  # 18 weights at least
+    assert sparsity.sparsity_of(pruned)["rnn"] == pytest.approx(0.75, abs=0.05)
+    # Reloaded, and stripped: the zeros stay, and the predictions with them.
+    pruned.save(tmp_path / "rnn.keras")
+    again = keras.models.load_model(tmp_path / "rnn.keras")
+    plain = sparsity.strip(pruned)
+    for other in (again, plain):
+        np.testing.assert_allclose(other.predict(x, verbose=0), pruned.predict(x, verbose=0),
+                                   atol=1e-6)
+    stripped = [w for w in plain.layers[0].weights if w.path.endswith("kernel")]
+    assert all(np.mean(keras.ops.convert_to_numpy(w) == 0) > 0.7 for w in stripped)
+
+
+def test_quantize_leaves_recurrent_layers_in_float_and_says_so():
     model = keras.Sequential([keras.Input((5, 3)), keras.layers.LSTM(4, name="lstm"),
                               keras.layers.Dense(2, name="out")])
     with pytest.warns(UserWarning, match=r"recurrent layers \['lstm'\]"):
-        pruned = sparsity.prune(model, sparsity.ConstantSparsity(0.5, 0))
-    assert [type(layer).__name__ for layer in pruned.layers] == ["LSTM", "PruneLowMagnitude"]
+        quantized = sparsity.quantize(model)
+    assert [type(layer).__name__ for layer in quantized.layers] == ["LSTM", "QuantizeAware"]
     import warnings
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         sparsity.quantize(model, skip=["lstm"])
     assert not [w for w in caught if "recurrent" in str(w.message)]
+    with pytest.raises(ValueError, match="one kernel per layer"):
+        sparsity.QuantizeAware(keras.layers.LSTM(4))(np.ones((1, 5, 3), "float32"))

@@ -124,8 +124,12 @@ def test_a_custom_prunable_layer_prunes_the_weight_it_names():
         def get_prunable_weights(self):
             return [self.kernel, self.bias]
 
-    with pytest.raises(ValueError, match="one weight per layer"):
-        keras.Sequential([keras.Input((10,)), prune_low_magnitude(TwoWeights(4))])
+    both = keras.Sequential([keras.Input((10,)), prune_low_magnitude(
+        TwoWeights(4, bias_initializer="random_normal"))])
+    _compile(both).fit(*_data(64), epochs=1, verbose=0,
+                       callbacks=[tfmot.sparsity.keras.UpdatePruningStep()])
+    stripped = tfmot.sparsity.keras.strip_pruning(both).layers[0]
+    assert [float(np.mean(w == 0)) for w in stripped.get_weights()] == [0.5, 0.5]
 
 
 def test_a_custom_training_loop_drives_the_step_callback():

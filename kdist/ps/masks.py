@@ -29,18 +29,18 @@ class CentralMasks:
         self.layers = []
         for model in models:
             for wrapper in pruned_layers(model):
-                kernel, mask = where[id(wrapper.kernel)], where[id(wrapper.mask)]
-                self.layers.append((wrapper, slice(*kernel), slice(*mask),
-                                    center[slice(*mask)].copy()))
+                for target, mask in zip(wrapper.targets, wrapper.masks):
+                    kernel, held = where[id(target)], where[id(mask)]
+                    self.layers.append((wrapper, tuple(mask.shape), slice(*kernel),
+                                        slice(*held), center[slice(*held)].copy()))
 
     def __bool__(self):
         return bool(self.layers)
 
     def __call__(self, center, step, reply=None):
         """Updates due masks before master update `step`, then applies all masks."""
-        for wrapper, kernel, mask, values in self.layers:
+        for wrapper, shape, kernel, mask, values in self.layers:
             if wrapper.schedule.should_prune(step):
-                shape = tuple(wrapper.mask.shape)
                 values[:] = wrapper.pattern_mask((center[kernel] * values).reshape(shape),
                                                  wrapper.schedule.sparsity(step)).ravel()
             for buffer in (center, reply):

@@ -16,9 +16,10 @@ logger = logging.getLogger(__name__)
 
 
 def sparsity_of(model):
-    """Fraction of zeros in the kernel each pruned layer computes with, by layer name."""
-    return {wrapper.base_layer.name: float(np.mean(
-        keras.ops.convert_to_numpy(wrapper.effective_kernel()) == 0))
+    """Fraction of zeros in the kernels each pruned layer computes with, by layer name."""
+    return {wrapper.base_layer.name: float(np.mean(np.concatenate([
+        keras.ops.convert_to_numpy(wrapper.effective_kernel(False, index)).ravel()
+        for index in range(len(wrapper.targets))]) == 0))
         for wrapper in pruned_layers(model)}
 
 

@@ -19,7 +19,10 @@ class PruneLowMagnitude(KernelWrapper):
     training steps the layer has been through: its schedule's clock.
 
     Args:
-        layer: a layer with a kernel (Dense, Conv1D/2D/3D, EinsumDense, ...).
+        layer: a layer with a kernel (Dense, Conv1D/2D/3D, EinsumDense, ...),
+            or a recurrent layer (LSTM, GRU, SimpleRNN, Bidirectional), whose
+            input and recurrent kernels are each pruned to the schedule's
+            sparsity (`masks` holds one mask per kernel).
         schedule: a `PruningSchedule`.
         block_size: `(height, width)` blocks pruned together in a 2-D kernel.
         block_pooling_type: `"AVG"` or `"MAX"`, how a block's magnitude is taken.
@@ -38,23 +41,31 @@ class PruneLowMagnitude(KernelWrapper):
         self.block_size, self.block_pooling_type, self.sparsity_m_by_n = check_pattern(
             block_size, block_pooling_type, sparsity_m_by_n)
 
-    def build_state(self, kernel):
-        self.mask = self.add_weight(name="mask", shape=kernel.shape, initializer="ones",
-                                    trainable=False, dtype="float32", autocast=False,
-                                    aggregation="only_first_replica")
+    def build_state(self, targets):
+        def new_mask(name, target):
+            return self.add_weight(name=name, shape=target.shape, initializer="ones",
+                                   trainable=False, dtype="float32", autocast=False,
+                                   aggregation="only_first_replica")
+
+        self.mask = new_mask("mask", targets[0])
         # Steps trained so far: the schedule's clock lives with the layer, so a
         # new optimizer (recompiling, quantising, reloading) does not restart it.
         self.pruning_step = self.add_weight(name="pruning_step", shape=(),
                                             initializer="zeros", trainable=False,
                                             dtype="int64", autocast=False,
                                             aggregation="only_first_replica")
+        # A recurrent layer's other kernels come last, so files of one-kernel
+        # layers keep their layout.
+        self.masks = [self.mask] + [new_mask(f"mask_{i}", target)
+                                    for i, target in enumerate(targets[1:], 1)]
 
-    def transform_kernel(self, value, training):
-        return value * keras.ops.cast(self.mask, value.dtype)
+    def transform_kernel(self, value, training, index=0):
+        return value * keras.ops.cast(self.masks[index], value.dtype)
 
     def load_own_variables(self, store):
         own = self._trainable_variables + self._non_trainable_variables
-        if len(store.keys()) == len(own) - 1 and own[-1] is self.pruning_step:
+        if (len(store.keys()) == len(own) - 1 and len(self.masks) == 1
+                and own[-1] is self.pruning_step):
             # Saved before layers counted their steps: the count starts at 0.
             for i, variable in enumerate(own[:-1]):
                 variable.assign(store[f"{i}"])
@@ -67,11 +78,12 @@ class PruneLowMagnitude(KernelWrapper):
                         self.sparsity_m_by_n)
 
     def update_mask(self, sparsity):
-        """Masks the smallest `sparsity` of the kernel and zeroes them."""
-        kernel = self.kernel
-        mask = self.pattern_mask(keras.ops.convert_to_numpy(self.effective_kernel()), sparsity)
-        self.mask.assign(mask)
-        kernel.assign(keras.ops.convert_to_numpy(kernel) * mask.astype(kernel.dtype))
+        """Masks the smallest `sparsity` of each target weight and zeroes them."""
+        for index, (target, mask) in enumerate(zip(self.targets, self.masks)):
+            values = self.pattern_mask(
+                keras.ops.convert_to_numpy(self.effective_kernel(False, index)), sparsity)
+            mask.assign(values)
+            target.assign(keras.ops.convert_to_numpy(target) * values.astype(target.dtype))
 
     def get_config(self):
         config = super().get_config()
@@ -93,8 +105,9 @@ class PruneLowMagnitude(KernelWrapper):
 class PrunableLayer:
     """Mixin for a custom layer that says which of its weights to prune.
 
-    Define `get_prunable_weights()` to return the one weight to prune (an
-    empty list: nothing); `prune()` then wraps the layer like a built-in one.
+    Define `get_prunable_weights()` to return the weights to prune (an
+    empty list: nothing); `prune()` then wraps the layer like a built-in one
+    and prunes each of them to the schedule's sparsity.
 
     Example:
 
@@ -113,7 +126,7 @@ class PrunableLayer:
 
     def get_prunable_weights(self):
         raise NotImplementedError(f"{type(self).__name__} must define get_prunable_weights(), "
-                                  "returning the weight to prune.")
+                                  "returning the weights to prune.")
 
 
 def prune(model, schedule, skip=(), block_size=(1, 1), block_pooling_type="AVG",

@@ -117,6 +117,10 @@ class QuantizeAware(KernelWrapper):
         kwargs.setdefault("name", f"quantized_{layer.name}")
         super().__init__(layer, **kwargs)
         base = self.base_layer
+        if isinstance(base, (keras.layers.RNN, keras.layers.Bidirectional)):
+            raise ValueError(
+                f"QuantizeAware quantises one kernel per layer; the recurrent layer "
+                f"{base.name} keeps two in its cell. Leave it in float (skip=[...]).")
         if deferred_activation is not None:
             deferred_activation = keras.activations.get(deferred_activation)
         elif activations and _activation_name(base) not in _QUANTISED_AFTER:
@@ -132,7 +136,12 @@ class QuantizeAware(KernelWrapper):
         self.momentum = float(momentum)
         self.fixed_point = bool(fixed_point)
 
-    def build_state(self, kernel):
+    def build_state(self, targets):
+        if len(targets) != 1:
+            raise ValueError(
+                f"QuantizeAware quantises one kernel per layer; {self.base_layer.name} has "
+                f"{len(targets)} weights to transform. Leave it in float (skip=[...]).")
+        kernel = targets[0]
         self.keep = self.add_weight(name="keep", shape=kernel.shape, initializer="ones",
                                     trainable=False, dtype="float32", autocast=False,
                                     aggregation="only_first_replica")
@@ -147,7 +156,7 @@ class QuantizeAware(KernelWrapper):
         kernel = keras.ops.convert_to_numpy(self.kernel)
         self.keep.assign((kernel != 0).astype(np.float32))
 
-    def transform_kernel(self, value, training):
+    def transform_kernel(self, value, training, index=0):
         value = value * keras.ops.cast(self.keep, value.dtype)
         return fake_quantize(value, self.bits, self.per_channel, self.fixed_point)
 
@@ -236,7 +245,7 @@ def quantize(model, bits=8, per_channel=True, activations=True, preserve_sparsit
     options = dict(bits=bits, per_channel=per_channel, activations=activations,
                    preserve_sparsity=preserve_sparsity, fixed_point=fixed_point)
     quantized = wrap_layers(model, lambda layer: QuantizeAware(layer, **options), QuantizeAware,
-                            skip, "quantize")
+                            skip, "quantize", recurrent=False)
     if preserve_sparsity:
         for wrapper in wrappers_in(quantized, QuantizeAware):
             if wrapper.built and not isinstance(wrapper.layer, PruneLowMagnitude):
@@ -266,7 +275,7 @@ def export_quantized(model, path=None):
         for inner in wrapper._chain():
             if inner is wrapper:
                 break
-            kernel = inner.transform_kernel(kernel, False)
+            kernel = inner.transform_kernel(kernel, False, 0)
         kernel = keras.ops.convert_to_numpy(kernel) * keras.ops.convert_to_numpy(wrapper.keep)
         bias = wrapper.effective_bias(False)
         output_range = None

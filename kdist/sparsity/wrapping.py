@@ -29,26 +29,38 @@ _INITIALIZER_NAMES = ("kernel_initializer", "pointwise_initializer", "depthwise_
                       "embeddings_initializer")
 
 
-def kernel_variable(layer):
-    """The kernel `Variable` of `layer`, or None when it has none.
+_RECURRENT = (keras.layers.RNN, keras.layers.Bidirectional)
 
-    A layer that names its own weight to prune (`get_prunable_weights`, as
-    `kdist.sparsity.PrunableLayer` asks) gets that one.
+
+def target_variables(layer):
+    """The weights a wrapper of `layer` transforms, kernel first; [] for none.
+
+    A layer that names its own weights to prune (`get_prunable_weights`, as
+    `kdist.sparsity.PrunableLayer` asks) gets those. A recurrent layer (LSTM,
+    GRU, SimpleRNN, ConvLSTM, Bidirectional) gets its cells' input and
+    recurrent kernels.
     """
     chosen = getattr(layer, "get_prunable_weights", None)
     if callable(chosen) and layer.built:
-        weights = list(chosen())
-        if len(weights) > 1:
-            raise ValueError(
-                f"{layer.name}.get_prunable_weights() returned {len(weights)} weights; kdist "
-                "prunes and quantises one weight per layer. Return the one to prune, or "
-                "split the layer.")
-        return weights[0] if weights else None
+        return list(chosen())
+    if isinstance(layer, keras.layers.Bidirectional):
+        return target_variables(layer.forward_layer) + target_variables(layer.backward_layer)
+    if isinstance(layer, keras.layers.RNN):
+        cells = getattr(layer.cell, "cells", [layer.cell])  # StackedRNNCells holds several
+        return [variable for cell in cells for name in ("kernel", "recurrent_kernel")
+                for variable in [getattr(cell, name, None)]
+                if isinstance(variable, keras.Variable) and variable.trainable]
     for name in _KERNEL_NAMES:
         value = getattr(layer, name, None)
         if isinstance(value, keras.Variable) and value.trainable:
-            return value
-    return None
+            return [value]
+    return []
+
+
+def kernel_variable(layer):
+    """The kernel `Variable` of `layer` (the first of `target_variables`), or None."""
+    targets = target_variables(layer)
+    return targets[0] if targets else None
 
 
 def wrapper_from_config(cls, config, custom_objects=None):
@@ -60,7 +72,11 @@ def wrapper_from_config(cls, config, custom_objects=None):
 
 
 class KernelWrapper(keras.layers.Wrapper):
-    """Base class: subclasses give `transform_kernel` and `transform_output`."""
+    """Base class: subclasses give `transform_kernel` and `transform_output`.
+
+    A wrapper transforms each of its layer's `targets` (one kernel, or the
+    input and recurrent kernels of a recurrent layer); `index` says which.
+    """
 
     def __init__(self, layer, **kwargs):
         kwargs.setdefault("dtype", layer.dtype_policy)
@@ -77,6 +93,11 @@ class KernelWrapper(keras.layers.Wrapper):
         return layer
 
     @property
+    def targets(self):
+        """The variables this wrapper transforms, kernel first."""
+        return target_variables(self.base_layer)
+
+    @property
     def kernel(self):
         return kernel_variable(self.base_layer)
 
@@ -89,16 +110,16 @@ class KernelWrapper(keras.layers.Wrapper):
 
     def build(self, input_shape=None):
         super().build(input_shape)
-        if self.kernel is None:
+        if not self.targets:
             raise ValueError(f"{type(self).__name__} needs a layer with a kernel; "
                              f"{self.base_layer.name} has none.")
-        self.build_state(self.kernel)
+        self.build_state(self.targets)
         self.built = True
 
-    def build_state(self, kernel):
-        """Creates the wrapper's own variables once the kernel exists."""
+    def build_state(self, targets):
+        """Creates the wrapper's own variables once the target weights exist."""
 
-    def transform_kernel(self, value, training):
+    def transform_kernel(self, value, training, index=0):
         return value
 
     def transform_bias(self, value, training):
@@ -112,11 +133,11 @@ class KernelWrapper(keras.layers.Wrapper):
         bias = getattr(self.base_layer, "bias", None)
         return bias if isinstance(bias, keras.Variable) else None
 
-    def effective_kernel(self, training=False):
-        """The kernel the wrapped layer computes with."""
-        value = self.kernel.value
+    def effective_kernel(self, training=False, index=0):
+        """The kernel (or `targets[index]`) the wrapped layer computes with."""
+        value = self.targets[index].value
         for wrapper in self._chain():
-            value = wrapper.transform_kernel(value, training)
+            value = wrapper.transform_kernel(value, training, index)
         return value
 
     def effective_bias(self, training=False):
@@ -124,14 +145,18 @@ class KernelWrapper(keras.layers.Wrapper):
         if self.bias is None:
             return None
         value = self.bias.value
+        for index, target in enumerate(self.targets):
+            if target is self.bias:  # a custom layer that prunes its bias
+                value = self.effective_kernel(training, index)
         for wrapper in self._chain():
             value = wrapper.transform_bias(value, training)
         return value
 
     def call(self, inputs, training=None, **kwargs):
         training = bool(training)
-        base, kernel, bias = self.base_layer, self.kernel, self.bias
-        given = {id(kernel): self.effective_kernel(training)}
+        base, bias = self.base_layer, self.bias
+        given = {id(target): self.effective_kernel(training, index)
+                 for index, target in enumerate(self.targets)}
         if bias is not None:
             given[id(bias)] = self.effective_bias(training)
         mapping = []
@@ -171,7 +196,8 @@ class KernelWrapper(keras.layers.Wrapper):
 
     def strip_weights(self):
         """The base layer's weights with the effective kernel and bias in their places."""
-        effective = {id(self.kernel): self.effective_kernel(False)}
+        effective = {id(target): self.effective_kernel(False, index)
+                     for index, target in enumerate(self.targets)}
         if self.bias is not None:
             effective[id(self.bias)] = self.effective_bias(False)
         return [keras.ops.convert_to_numpy(effective.get(id(v), v)).astype(v.dtype)
@@ -220,12 +246,13 @@ def rewrite(model, replace, caller):
     return copy
 
 
-def wrap_layers(model, wrap, kind, skip, verb):
+def wrap_layers(model, wrap, kind, skip, verb, recurrent=True):
     """`wrap(layer)` around every layer with a kernel that is not already a `kind`.
 
     A Sequential or functional model is copied (weights included) with its
     layers wrapped; a single layer is wrapped as it is. `skip` holds layer
     names or classes to leave alone. `verb` names the caller in errors.
+    `recurrent`: whether `kind` handles recurrent layers' two kernels.
     """
     skip = tuple(skip) if isinstance(skip, (list, tuple, set)) else (skip,)
     for entry in skip:
@@ -240,6 +267,8 @@ def wrap_layers(model, wrap, kind, skip, verb):
         if isinstance(layer, kind) or skipped(layer):
             return False
         base = layer.base_layer if isinstance(layer, KernelWrapper) else layer
+        if isinstance(base, _RECURRENT):
+            return recurrent
         return kernel_variable(base) is not None or (not base.built and (
             any(hasattr(base, name) for name in _INITIALIZER_NAMES)
             or hasattr(base, "get_prunable_weights")))
@@ -255,12 +284,11 @@ def wrap_layers(model, wrap, kind, skip, verb):
             return wrap(fresh), fresh, layer.get_weights() if layer.built else None
 
         wrapped = rewrite(model, replace, verb)
-        recurrent = [layer.name for layer in model._flatten_layers(include_self=False)
-                     if isinstance(layer, (keras.layers.RNN, keras.layers.Bidirectional))
-                     and not skipped(layer)]
-        if recurrent:
+        left = [layer.name for layer in model._flatten_layers(include_self=False)
+                if isinstance(layer, _RECURRENT) and not skipped(layer)]
+        if left and not recurrent:
             warnings.warn(
-                f"{verb}() leaves the recurrent layers {recurrent} as they are: kdist wraps "
+                f"{verb}() leaves the recurrent layers {left} as they are: it handles "
                 "one kernel per layer, and a recurrent layer keeps two in its cell. Skip "
                 "them explicitly to silence this.", stacklevel=3)
         if not chosen:
