@@ -5,23 +5,43 @@ every rank: `python _prefix.py -- COMMAND ...`. The command inherits the MPI
 launcher's environment, so it is the MPI process; this wrapper only relays its
 output and its exit status (a rank killed by a signal still fails the job).
 `kdist launch` relays its TensorFlow workers' output with `relay` too.
+
+TensorFlow's start-up lines (absl's notice, oneDNN, CUDA stubs, CPU
+features), which every rank would print, are dropped unless KDIST_VERBOSE
+is set (`kdist run -v`).
 """
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
 
 RANK_VARIABLES = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID")
 
+# Whole lines only: anything else TensorFlow says (errors included) passes.
+START_UP_NOISE = re.compile(
+    rb"(WARNING: All log messages before absl::InitializeLog\(\) is called are written to "
+    rb"STDERR"
+    rb"|[IW]\d{4} [\d:.]+ +\d+ (port|cudart_stub|cpu_feature_guard|cuda_dnn|cuda_fft|cuda_blas"
+    rb"|cuda_executor|computation_placer)\.cc:\d+\] .*"
+    rb"|To enable the following instructions: .* rebuild TensorFlow with the appropriate "
+    rb"compiler flags\.)\r?\n")
 
-def relay(fd, tag, out, lock=None):
+
+def quiet():
+    """The noise filter `relay` applies: START_UP_NOISE unless KDIST_VERBOSE is set."""
+    return None if os.environ.get("KDIST_VERBOSE") else START_UP_NOISE
+
+
+def relay(fd, tag, out, lock=None, drop=None):
     """Copies everything readable from `fd` to `out`, with `tag` at each line start.
 
     With a `lock` (several relays writing to one `out`), only whole lines are
     written, so that two processes' lines never run into each other; a
-    trailing partial line comes out when the stream ends.
+    trailing partial line comes out when the stream ends. Whole lines that
+    the regular expression `drop` matches are left out.
     """
     start_of_line = True
     held = b""
@@ -33,19 +53,23 @@ def relay(fd, tag, out, lock=None):
             chunk = held + chunk
             whole = max(chunk.rfind(b"\n"), chunk.rfind(b"\r")) + 1
             chunk, held = chunk[:whole], chunk[whole:]
-        _write(out, tag, chunk, start_of_line, lock)
+        _write(out, tag, chunk, start_of_line, lock, drop)
         if chunk:
             start_of_line = chunk.endswith((b"\n", b"\r"))
-    _write(out, tag, held, start_of_line, lock)
+    _write(out, tag, held, start_of_line, lock, drop)
 
 
-def _write(out, tag, chunk, start_of_line, lock):
+def _write(out, tag, chunk, start_of_line, lock, drop=None):
     if not chunk:
         return
     pieces = []
     # Progress bars redraw with '\r'; each redrawn line gets the tag too.
     for piece in chunk.splitlines(keepends=True):
-        if start_of_line:
+        if start_of_line and drop is not None and drop.fullmatch(piece):
+            continue
+        # A bare carriage return (after backspaces, as Keras redraws a bar) only
+        # moves the cursor: tagging it too would leave "[0] [0] ..." in logs.
+        if start_of_line and (not piece.endswith(b"\r") or piece.strip(b"\r\x08")):
             pieces.append(tag)
         pieces.append(piece)
         start_of_line = piece.endswith((b"\n", b"\r"))
@@ -67,7 +91,7 @@ def main(argv):
     env = dict(os.environ, KDIST_PREFIXER=os.path.abspath(__file__))
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                env=env)
-    relay(process.stdout.fileno(), f"[{rank}] ".encode(), sys.stdout.buffer)
+    relay(process.stdout.fileno(), f"[{rank}] ".encode(), sys.stdout.buffer, drop=quiet())
     code = process.wait()
     if code < 0:
         # Die of the same signal: under fault tolerance the launcher then treats

@@ -132,6 +132,7 @@ def _run(args, verb="run"):
         env["KDIST_ELASTIC_MAX_NP"] = "" if max_np is None else str(max_np)
     env.setdefault("PYTHONUNBUFFERED", "1")
     if args.verbose:
+        env["KDIST_VERBOSE"] = "1"
         print(f"kdist {verb}:", " ".join(argv), file=sys.stderr)
     if args.n > cores and not elsewhere:
         print(f"kdist {verb}: {args.n} ranks on {cores} core(s): ranks share cores, so each "
@@ -152,6 +153,7 @@ def _launch(args):
     from kdist.distribute.launch import launch_tf
 
     if args.verbose:
+        os.environ["KDIST_VERBOSE"] = "1"
         print(f"kdist launch: {args.n} TensorFlow workers:", " ".join(command), file=sys.stderr)
     try:
         return launch_tf(args.n, command, prefix=not args.no_prefix)
@@ -286,7 +288,8 @@ def _add_launch_arguments(parser, what):
     parser.add_argument("--mpi-args", default="",
                         help='extra mpiexec arguments, as one string: --mpi-args "--bind-to none"')
     parser.add_argument("-v", "--verbose", action="store_true",
-                        help="print the command line that starts the job")
+                        help="print the command line that starts the job, and TensorFlow's "
+                        "start-up lines (dropped otherwise)")
     parser.add_argument("command", nargs=argparse.REMAINDER)
 
 

@@ -416,6 +416,7 @@ def test_module_doctests():
 
     for name in ("kdist._args", "kdist.optimizers.distributed", "kdist.optimizers.aggregation",
                  "kdist.callbacks.broadcast", "kdist.callbacks.learning_rate",
+                 "kdist.callbacks.tensorboard",
                  "kdist.distribute.sync_batch_norm", "kdist.comm.tensors",
                  "kdist.elastic.runner", "kdist.elastic.state"):
         result = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)
@@ -430,3 +431,50 @@ def test_tensor_reducer_scales_in_a_world_of_one_as_allreduce_does():
                                  postscale_factor=3.0)[0]) == 3.0
     with pytest.raises(ValueError, match="more than one group"):
         kdist.comm.TensorReducer(groups=[[0, 1], [1]])
+
+
+TENSORBOARD_SCRIPT = """
+import glob, os, sys, time
+import keras, numpy as np, tensorflow as tf
+import kdist
+from workers.common import report
+
+kdist.init()
+log_dir = sys.argv[1]
+
+
+class Straggle(keras.callbacks.Callback):
+    def on_train_batch_end(self, batch, logs=None):
+        if kdist.rank() == 1:
+            time.sleep(0.05)
+
+
+model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+model.compile(kdist.DistributedOptimizer(keras.optimizers.SGD(0.01)), "mse")
+board = kdist.callbacks.TensorBoard(log_dir)
+model.fit(np.ones((64, 4)), np.ones((64, 1)), batch_size=8, epochs=2, verbose=0,
+          callbacks=[Straggle(), board, kdist.callbacks.BroadcastGlobalVariablesCallback(0)])
+kdist.barrier()
+scalars = {}
+for path in glob.glob(os.path.join(log_dir, "train", "events.*")):
+    for event in tf.compat.v1.train.summary_iterator(path):
+        for value in event.summary.value:
+            if value.tag.startswith(("step_time/", "epoch_")):
+                scalars.setdefault(value.tag, []).append(float(tf.make_ndarray(value.tensor)))
+report({"files": len(glob.glob(os.path.join(log_dir, "**", "events.*"), recursive=True)),
+        "scalars": scalars, "mine": board.last_step_times})
+"""
+
+
+@pytest.mark.mpi
+def test_tensorboard_is_written_once_with_every_ranks_step_time(mpirun, tmp_path):
+    job = mpirun(TENSORBOARD_SCRIPT, n=2, args=[tmp_path / "logs"], timeout=180)
+    report = job.results[0]
+    assert report["files"] == 1  # rank 0's train writer only
+    scalars = report["scalars"]
+    assert len(scalars["step_time/rank_0"]) == len(scalars["step_time/rank_1"]) == 2
+    assert "epoch_loss" in scalars
+    # Rank 1 sleeps 50 ms after each step; allreduce makes rank 0 wait for it in the next.
+    assert min(scalars["step_time/rank_1"]) > 0.04
+    assert all(ratio >= 1.0 for ratio in scalars["step_time/slowest_over_fastest"])
+    assert job.results[1]["mine"] == report["mine"]

@@ -108,3 +108,34 @@ def test_run_warns_when_ranks_outnumber_cores(mpiexec_path):
     done = kdist_cli("run", "-n", str(n), "--", sys.executable, "-c", "pass")
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"{n} ranks on {os.cpu_count()} core(s): ranks share cores" in done.stderr
+
+
+def test_relay_drops_tensorflow_start_up_lines_and_tags_a_redrawn_bar_once():
+    from kdist import _prefix
+
+    said = (b"WARNING: All log messages before absl::InitializeLog() is called are written to "
+            b"STDERR\n"
+            b"I0000 00:00:1795588120.353580   32358 port.cc:153] oneDNN custom operations are "
+            b"on. You may see slightly different numerical results.\n"
+            b"E0000 00:00:1795588120.354005   32359 cuda_dnn.cc:8] a real error\n"
+            b"Epoch 1/2\n\r 1/9 loss\x08\x08\x08\r 2/9 loss\n")
+    read, write = os.pipe()
+    os.write(write, said)
+    os.close(write)
+    out = __import__("io").BytesIO()
+    _prefix.relay(read, b"[1] ", out, drop=_prefix.START_UP_NOISE)
+    os.close(read)
+    assert out.getvalue() == (b"[1] E0000 00:00:1795588120.354005   32359 cuda_dnn.cc:8] a real "
+                              b"error\n[1] Epoch 1/2\n\r[1]  1/9 loss\x08\x08\x08\r[1]  2/9 loss\n")
+
+
+@pytest.mark.mpi
+def test_run_hides_tensorflow_start_up_lines_unless_verbose(mpiexec_path, tmp_path):
+    script = tmp_path / "tf_hello.py"
+    script.write_text("import tensorflow as tf\nprint('ready', tf.constant(1).numpy())\n")
+    quiet, loud = kdist_cli("run", "-n", "2", str(script)), kdist_cli("run", "-v", "-n", "2",
+                                                                       str(script))
+    assert quiet.returncode == loud.returncode == 0, quiet.stdout + loud.stdout
+    assert "[0] ready 1" in quiet.stdout and "[1] ready 1" in quiet.stdout
+    assert "absl::InitializeLog" not in quiet.stdout and "port.cc" not in quiet.stdout
+    assert "absl::InitializeLog" in loud.stdout

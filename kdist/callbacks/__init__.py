@@ -6,8 +6,9 @@ from kdist.callbacks.learning_rate import (
     LearningRateScheduleCallback,
     LearningRateWarmupCallback,
 )
+from kdist.callbacks.tensorboard import TensorBoard
 
 __all__ = [
     "BroadcastGlobalVariablesCallback", "Checkpoint", "LearningRateScheduleCallback",
-    "LearningRateWarmupCallback", "MetricAverageCallback", "latest_checkpoint",
+    "LearningRateWarmupCallback", "MetricAverageCallback", "TensorBoard", "latest_checkpoint",
 ]

@@ -26,7 +26,7 @@ import sys
 import threading
 import time
 
-from kdist._prefix import relay
+from kdist._prefix import quiet, relay
 
 GRACE_SECONDS = 3.0
 _POLL_SECONDS = 0.05
@@ -142,7 +142,7 @@ def launch_tf(nprocs, command, prefix=True, env=None, host="localhost", grace=GR
             if prefix:
                 thread = threading.Thread(
                     target=relay, args=(process.stdout.fileno(), f"[{index}] ".encode(), out,
-                                        lock), daemon=True)
+                                        lock, quiet()), daemon=True)
                 thread.start()
                 relays.append(thread)
         failed, code = _wait_for_first_failure(processes)
