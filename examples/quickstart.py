@@ -71,7 +71,8 @@ def main():
     if hvd.rank() == 0:
         print(f"Training on {hvd.size()} rank(s), global batch {args.batch_size * hvd.size()}, "
               f"{len(x_train)} images.")
-    model.fit(train, epochs=args.epochs, callbacks=callbacks,
+    # The dataset shuffles itself; Keras's own shuffle does not apply to datasets.
+    model.fit(train, epochs=args.epochs, callbacks=callbacks, shuffle=False,
               validation_data=(x_test, y_test), verbose=1 if hvd.rank() == 0 else 0)
     loss, accuracy = model.evaluate(x_test, y_test, verbose=0)
     weights_sum = float(sum(np.sum(w) for w in model.get_weights()))

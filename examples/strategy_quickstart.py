@@ -62,7 +62,9 @@ def main():
     if first:
         print(f"{type(strategy).__name__}: {replicas} replica(s), global batch {global_batch}, "
               f"{len(x_train)} images.")
-    model.fit(train, epochs=args.epochs, validation_data=test, verbose=2 if first else 0)
+    # The dataset shuffles itself; Keras's own shuffle does not apply to datasets.
+    model.fit(train, epochs=args.epochs, validation_data=test, shuffle=False,
+              verbose=2 if first else 0)
     loss, accuracy = model.evaluate(test, verbose=0)
     if first:
         print(f"test accuracy {accuracy:.3f}, loss {loss:.3f}")

@@ -26,6 +26,7 @@ START_UP_NOISE = re.compile(
     rb"STDERR"
     rb"|[IW]\d{4} [\d:.]+ +\d+ (port|cudart_stub|cpu_feature_guard|cuda_dnn|cuda_fft|cuda_blas"
     rb"|cuda_executor|computation_placer)\.cc:\d+\] .*"
+    rb"|E\d{4} [\d:.]+ +\d+ cuda_platform\.cc:\d+\] failed call to cuInit: .*"
     rb"|To enable the following instructions: .* rebuild TensorFlow with the appropriate "
     rb"compiler flags\.)\r?\n")
 

@@ -117,6 +117,8 @@ def test_relay_drops_tensorflow_start_up_lines_and_tags_a_redrawn_bar_once():
             b"STDERR\n"
             b"I0000 00:00:1795588120.353580   32358 port.cc:153] oneDNN custom operations are "
             b"on. You may see slightly different numerical results.\n"
+            b"E0000 00:00:1795591094.708489   13672 cuda_platform.cc:52] failed call to cuInit: "
+            b"INTERNAL: CUDA error: Failed call to cuInit: UNKNOWN ERROR (303)\n"
             b"E0000 00:00:1795588120.354005   32359 cuda_dnn.cc:8] a real error\n"
             b"Epoch 1/2\n\r 1/9 loss\x08\x08\x08\r 2/9 loss\n")
     read, write = os.pipe()

@@ -23,6 +23,7 @@ def test_strategy_example_under_mpiexec_uses_the_mpi_strategy(mpirun):
     job = mpirun(STRATEGY_EXAMPLE, n=2, args=["--epochs", 3], timeout=240)
     assert "MPIStrategy: 2 replica(s), global batch 64" in job.output
     assert _accuracy(job.output) > 0.85
+    assert "Warning" not in job.output, job.output[-3000:]
 
 
 def test_strategy_example_under_kdist_launch_uses_the_multi_worker_strategy(tf_launch):
@@ -64,6 +65,7 @@ def test_prune_quantize_example_keeps_accuracy_and_exports_integers(mpirun, tmp_
     assert float(found["pruned to 80%"]) > float(found["dense"]) - 0.05
     assert float(found["8-bit"]) > float(found["dense"]) - 0.05
     assert len(tflite) == 1 and tflite[0] > float(found["8-bit"]) - 0.02
+    assert "Warning" not in job.output, job.output[-3000:]
     assert (tmp_path / "digits_int.tflite").exists()
     with np.load(exported) as stored:
         codes = stored["hidden1/codes"]
@@ -122,3 +124,22 @@ def test_fpga_trigger_example_writes_firmware_that_matches_the_model(mpirun, tmp
     assert re.search(r"100\.00% of 6000 outputs bit-exact, largest difference 0$",
                      job.output, re.MULTILINE), job.output
     assert (tmp_path / "prj" / "firmware" / "myproject.cpp").exists()
+
+
+QUICKSTART = os.path.join(ROOT, "examples", "quickstart.py")
+
+
+@pytest.mark.mpi
+def test_quickstart_under_kdist_run_trains_and_prints_cleanly(mpiexec_path):
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "kdist.cli", "run", "-n", "2", QUICKSTART,
+                           "--epochs", "2"], capture_output=True, text=True, timeout=300)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-3000:]
+    assert "[0] Training on 2 rank(s)" in output
+    assert "ranks hold identical weights: True" in output
+    # What a user sees: no TensorFlow start-up lines, no warnings, bars tagged once.
+    for noise in ("absl::InitializeLog", "cuInit", "oneDNN", "Warning", "[0] [0]"):
+        assert noise not in output, noise + "\n" + output[-3000:]

@@ -70,7 +70,10 @@ def export_tflite(model, path=None, representative_data=None, int8=True):
         converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
         converter.inference_input_type = tf.int8
         converter.inference_output_type = tf.int8
-    with contextlib.redirect_stdout(io.StringIO()):  # Keras's "Saved artifact at ..." listing
+    with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
+        # Keras's "Saved artifact at ..." listing, and a notice about input
+        # statistics that the representative data has just given.
+        warnings.filterwarnings("ignore", message="Statistics for quantized inputs")
         flatbuffer = converter.convert()
     if path is not None:
         write_atomically(path, lambda stream: stream.write(flatbuffer), suffix=".tflite")
@@ -80,7 +83,10 @@ def export_tflite(model, path=None, representative_data=None, int8=True):
 def _interpreter(flatbuffer):
     import tensorflow as tf
 
-    interpreter = tf.lite.Interpreter(model_content=flatbuffer)
+    with warnings.catch_warnings():
+        # TensorFlow points to LiteRT, a separate package with the same interpreter.
+        warnings.filterwarnings("ignore", message=".*tf.lite.Interpreter is deprecated")
+        interpreter = tf.lite.Interpreter(model_content=flatbuffer)
     interpreter.allocate_tensors()
     return interpreter
 
