@@ -198,15 +198,13 @@ def collect_info():
         info["strategy"] = f"{choice} ({reason})"
     except ValueError as error:
         info["strategy"] = f"invalid: {error}"
-    try:
-        import mpi4py
-        from mpi4py import MPI
+    from kdist.comm.processes import mpi_library
 
-        info["mpi4py"] = mpi4py.__version__
-        info["mpi_library"] = MPI.Get_library_version().splitlines()[0].strip()
+    library = mpi_library()
+    info["mpi4py"] = None if library is None else library["mpi4py"]
+    if library is not None:
+        info["mpi_library"] = library["library"]
         info["mpi_thread_multiple"] = kdist.mpi_threads_supported()
-    except ImportError:
-        info["mpi4py"] = None
     info["mpiexec"] = find_mpiexec()
     return info
 

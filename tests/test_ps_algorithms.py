@@ -7,7 +7,7 @@ import pytest
 from kdist.ps import algorithms, master_optimizers, protocol, rules
 from kdist.ps.layout import Layout
 from kdist.ps.server import mean_logs
-from kdist.ps.topology import topology
+from kdist.ps.hierarchy import topology
 
 
 def _rng_arrays(n=64, count=3, seed=0):

@@ -2,6 +2,8 @@
 
 import weakref
 
+import keras
+
 from kdist.comm import collectives, joining
 from kdist.comm import processes
 
@@ -29,12 +31,36 @@ def join_once(model, epoch):
     comm = getattr(core, "comm", None) or processes.world()
     last, anyone_fell_behind = joining.join_and_tell(comm)
     if anyone_fell_behind:
-        from kdist.callbacks.broadcast import model_state
-
         local = _local.get(model, ())
         shared = [v for v in model_state(model) if id(v) not in local]
         collectives.broadcast_variables(shared, root_rank=last, comm=comm)
     _joined[model] = epoch
+
+
+def model_state(model):
+    """The variables that define a model in training: its own and its optimizers'.
+
+    A model with several optimizers (`kdist.gan.GAN`) lists them in an
+    `optimizers` attribute. Without a distribution strategy Keras builds the
+    optimizer only when it traces the first train step, after
+    `on_train_begin`; it is built here so that its state can be broadcast and
+    restored before the first step.
+    """
+    variables = list(model.variables)
+    optimizers = getattr(model, "optimizers", None)
+    if optimizers is None:
+        optimizer = getattr(model, "optimizer", None)
+        optimizers = [] if optimizer is None else [optimizer]
+        if optimizers and not optimizer.built and model.built and model.trainable_variables:
+            # In the optimizer's own name scope, as Keras builds it in a train step, so
+            # that its variables have the same paths whoever builds it (checkpoints
+            # match by path).
+            with keras.name_scope(optimizer.name, caller=optimizer):
+                optimizer.build(model.trainable_variables)
+    for optimizer in optimizers:
+        if optimizer.built:
+            variables += list(optimizer.variables)
+    return variables
 
 
 def forget(model):

@@ -12,7 +12,7 @@ import numpy as np
 from kdist._files import write_atomically
 from kdist._version import __version__
 from kdist.callbacks import _sync
-from kdist.callbacks.broadcast import model_state
+from kdist.callbacks._sync import model_state
 from kdist.comm import collectives
 from kdist.comm import processes
 from kdist.distribute import consistency

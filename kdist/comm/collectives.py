@@ -13,6 +13,7 @@ import numpy as np
 
 from kdist.comm import processes
 from kdist.comm.communicator import Average, Sum, reduce_op
+from kdist.comm.fusion import block
 
 
 def _tf():
@@ -239,17 +240,6 @@ def reducescatter(tensor, device_dense="", compression=None, op=Average, name=No
     return differentiable.reducescatter(_tf().convert_to_tensor(tensor), op, comm,
                                         prescale_factor, postscale_factor,
                                         _compression(compression), label=name or "reducescatter")
-
-
-def block(rows, rank, size):
-    """Rank `rank`'s rows of a reduce-scatter: `(start, stop)`.
-
-    >>> [block(5, r, 2) for r in range(2)]
-    [(0, 3), (3, 5)]
-    """
-    base, extra = divmod(int(rows), int(size))
-    start = rank * base + min(rank, extra)
-    return start, start + base + (1 if rank < extra else 0)
 
 
 def broadcast_object(obj, root_rank=0, name=None, process_set=None, comm=None):

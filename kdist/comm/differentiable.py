@@ -12,6 +12,7 @@ import tensorflow as tf
 
 from kdist.comm import graph_ops
 from kdist.comm.communicator import Average, Sum
+from kdist.comm.fusion import block
 
 
 def _reduce(tensors, op, comm, prescale, postscale, compression, label, key=None):
@@ -130,8 +131,6 @@ def alltoall(tensor, splits, comm, label):
 
 def _own_block(x, comm):
     """This rank's rows of a reduce-scatter of `x` (the first ranks get one more)."""
-    from kdist.comm.collectives import block
-
     if x.shape[0] is not None:
         start, stop = block(x.shape[0], comm.rank, comm.size)
         return x[start:stop]

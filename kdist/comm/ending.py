@@ -80,10 +80,10 @@ def leave_if_ranks_died(timeout=None):
     if not (lost_own or _joined):
         return
     if _joined:
-        from kdist.comm import processes
+        from kdist.comm import job
 
         # Every process still in the job, whichever MPI job started it.
-        world = processes.world().mpi
+        world = job.world().mpi
     if timeout is None:
         timeout = float(os.environ.get("KDIST_EXIT_TIMEOUT", "30"))
     deadline = time.monotonic() + timeout

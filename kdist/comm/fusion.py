@@ -29,3 +29,14 @@ def plan_buckets(sizes, bucket_bytes=DEFAULT_BUCKET_BYTES, itemsize=4):
     if start < len(sizes):
         buckets.append((start, len(sizes)))
     return buckets
+
+
+def block(rows, rank, size):
+    """Rank `rank`'s rows of a reduce-scatter: `(start, stop)`.
+
+    >>> [block(5, r, 2) for r in range(2)]
+    [(0, 3), (3, 5)]
+    """
+    base, extra = divmod(int(rows), int(size))
+    start = rank * base + min(rank, extra)
+    return start, start + base + (1 if rank < extra else 0)

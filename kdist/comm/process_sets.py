@@ -14,7 +14,7 @@ True
 
 import threading
 
-from kdist.comm import processes
+from kdist.comm import job
 
 _lock = threading.Lock()
 _registered = {}  # id -> ProcessSet
@@ -48,13 +48,13 @@ class ProcessSet:
 
     def rank(self):
         """This process's rank within the set (None if it is not in the set or not registered)."""
-        if self.ranks is None or processes.rank() not in self.ranks:
+        if self.ranks is None or job.rank() not in self.ranks:
             return None
-        return self.ranks.index(processes.rank())
+        return self.ranks.index(job.rank())
 
     def included(self):
         """Whether this process is in the set (None before it is registered)."""
-        return None if self.ranks is None else processes.rank() in self.ranks
+        return None if self.ranks is None else job.rank() in self.ranks
 
     def __eq__(self, other):
         return isinstance(other, ProcessSet) and self.ranks == other.ranks and (
@@ -77,13 +77,13 @@ class _GlobalProcessSet(ProcessSet):
 
     @property
     def ranks(self):
-        return list(range(processes.size()))
+        return list(range(job.size()))
 
     def size(self):
-        return processes.size()
+        return job.size()
 
     def rank(self):
-        return processes.rank()
+        return job.rank()
 
     def included(self):
         return True
@@ -100,12 +100,12 @@ def add_process_set(process_set):
     """
     if not isinstance(process_set, ProcessSet):
         process_set = ProcessSet(process_set)
-    world = processes.world()
+    world = job.world()
     if process_set.ranks is None:
         from mpi4py import MPI
 
         inside = process_set.mpi_comm != MPI.COMM_NULL
-        ranks = world.allgather_object(processes.rank() if inside else None)
+        ranks = world.allgather_object(job.rank() if inside else None)
         process_set.ranks = sorted(r for r in ranks if r is not None)
     bad = [r for r in process_set.ranks if not 0 <= r < world.size]
     if bad:
@@ -139,7 +139,7 @@ def remove_process_set(process_set):
 def communicator_of(process_set):
     """The `Communicator` a collective on `process_set` runs on, on this rank."""
     if process_set is global_process_set or isinstance(process_set, _GlobalProcessSet):
-        return processes.world()
+        return job.world()
     if not isinstance(process_set, ProcessSet):
         raise TypeError(f"process_set must be a kdist.ProcessSet; got "
                         f"{type(process_set).__name__}.")
@@ -147,6 +147,6 @@ def communicator_of(process_set):
         raise ValueError(f"{process_set} is not registered: call kdist.add_process_set(...) on "
                          "every rank first (or pass it to kdist.init(process_sets=[...])).")
     if process_set._comm is None:
-        raise ValueError(f"Rank {processes.rank()} is not in {process_set}; only its ranks "
+        raise ValueError(f"Rank {job.rank()} is not in {process_set}; only its ranks "
                          f"({process_set.ranks}) may run collectives on it.")
     return process_set._comm

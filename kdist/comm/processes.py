@@ -10,8 +10,8 @@ script's own MPI messages can never meet kdist's.
 import logging
 import os
 import sys
-import threading
 
+from kdist.comm import job as _job
 from kdist.comm.communicator import (  # noqa: F401  (names re-exported)
     REDUCE_OPS,
     Adasum,
@@ -21,6 +21,22 @@ from kdist.comm.communicator import (  # noqa: F401  (names re-exported)
     Min,
     Product,
     Sum,
+)
+
+from kdist.comm.job import (  # noqa: F401  (names re-exported)
+    _state,
+    cross,
+    cross_rank,
+    cross_size,
+    is_initialized,
+    joined_late,
+    local,
+    local_rank,
+    local_size,
+    rank,
+    size,
+    world,
+    world_generation,
 )
 
 logger = logging.getLogger(__name__)
@@ -50,24 +66,6 @@ def launched_by_mpi(environ=None):
             and int(environ.get("SLURM_STEP_NUM_TASKS", "1") or 1) > 1)
 
 
-class _World:
-    """Process-wide state filled in by `init()`."""
-
-    def __init__(self):
-        self.initialized = False
-        self.world = None
-        self.local = None
-        self.cross = None
-        self.watch = None
-        self.thread_level = None
-        # How many times the world changed since this process started (ranks
-        # lost or replaced); a process that joined a running job starts at 1.
-        self.generation = 0
-        self.joined_late = False
-        self.lock = threading.Lock()
-
-
-_state = _World()
 
 
 def _mpi():
@@ -300,70 +298,6 @@ def shutdown():
         _state.initialized = False
 
 
-def world_generation():
-    """0 while the world is the one the job started with; larger once an
-    elastic job lost or replaced ranks (or this process joined it late)."""
-    return _state.generation
-
-
-def joined_late():
-    """Whether this process was started to replace a lost rank of a running job."""
-    return _state.joined_late
-
-
-def is_initialized():
-    return _state.initialized
-
-
-def world():
-    """The world `Communicator`, initialising kdist on first use."""
-    if not _state.initialized:
-        init()
-    return _state.world
-
-
-def local():
-    if not _state.initialized:
-        init()
-    return _state.local
-
-
-def cross():
-    if not _state.initialized:
-        init()
-    return _state.cross
-
-
-def size():
-    """Number of processes in the job."""
-    return world().size
-
-
-def rank():
-    """This process's index in the job, from 0 to `size() - 1`."""
-    return world().rank
-
-
-def local_size():
-    """Number of processes of the job on this node."""
-    return local().size
-
-
-def local_rank():
-    """This process's index among the job's processes on this node."""
-    return local().rank
-
-
-def cross_size():
-    """Number of nodes that hold a process with this process's local rank."""
-    return cross().size
-
-
-def cross_rank():
-    """Index of this process's node among those."""
-    return cross().rank
-
-
 def mpi_enabled():
     """True when kdist runs over MPI (even with one rank)."""
     return world().mpi is not None
@@ -384,6 +318,18 @@ def mpi_built():
     except ImportError:
         return False
     return True
+
+
+def mpi_library():
+    """`{"mpi4py": version, "library": the MPI library's first line}`, or None
+    when mpi4py is not installed (what `kdist info` reports)."""
+    try:
+        import mpi4py
+        from mpi4py import MPI
+    except ImportError:
+        return None
+    return {"mpi4py": mpi4py.__version__,
+            "library": MPI.Get_library_version().splitlines()[0].strip()}
 
 
 class _RankFilter(logging.Filter):
@@ -408,3 +354,8 @@ def _configure_logging():
         root.setLevel(level.upper())
     else:
         root.setLevel(logging.INFO if rank() == 0 else logging.WARNING)
+
+
+# The accessors in `job` start kdist on first use; they reach `init` through
+# this hook, so that the modules below this one need not import it.
+_job.initialize = init

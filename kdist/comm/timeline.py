@@ -98,17 +98,18 @@ def stop_timeline():
     0, its own part elsewhere; None when no timeline was recording.
     """
     global _recording
-    from kdist.comm import native, processes
+    from kdist.comm import native
+    from kdist.comm import job
 
     with _lock:
         if not _recording:
             return None
         _recording = False
         native.set_timeline_mode(0)
-        events = _events(processes.rank(), native.take_timeline_lines())
+        events = _events(job.rank(), native.take_timeline_lines())
         _spans.clear()
         path = _path
-    rank, size = processes.rank(), processes.size()
+    rank, size = job.rank(), job.size()
     part = _part_path(path, rank)
     _write_json(part, events)
     if rank != 0:

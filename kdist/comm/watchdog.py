@@ -34,9 +34,9 @@ _monitor = None
 
 
 def _world():
-    from kdist.comm import processes
+    from kdist.comm import job
 
-    return processes._state.world
+    return job._state.world
 
 
 def abort(reason, code=1):

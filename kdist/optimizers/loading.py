@@ -66,11 +66,15 @@ def _is_distributed(optimizer):
         getattr(optimizer, "inner_optimizer", None), AllreduceOptimizer)
 
 
+def _has_two_models(model):
+    """A `kdist.gan.GAN`, told by what it has (gan sits above optimizers)."""
+    return all(hasattr(model, name) for name in ("d_optimizer", "g_optimizer",
+                                                  "discriminator", "generator"))
+
+
 def _plain_optimizers(model):
     """(compile argument, optimizer, variables it updates) for each plain optimizer."""
-    from kdist.gan import GAN
-
-    if isinstance(model, GAN):
+    if _has_two_models(model):
         found = [] if not model.compiled else [
             ("d_optimizer", model.d_optimizer, model.discriminator),
             ("g_optimizer", model.g_optimizer, model.generator)]
@@ -126,9 +130,7 @@ def _saved_state(optimizer, filepath):
 
 
 def _recompile(model, optimizers):
-    from kdist.gan import GAN
-
-    if isinstance(model, GAN):
+    if _has_two_models(model):
         arguments = dict(model._compile_args)
     else:
         # What the model was compiled with, as Keras keeps it for saving.

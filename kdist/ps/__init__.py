@@ -10,7 +10,7 @@ from kdist.ps.layout import Layout
 from kdist.ps.master_optimizers import MasterAdam, MasterSGD
 from kdist.ps.server import Server
 from kdist.ps.strategy import ParameterServerStrategy
-from kdist.ps.topology import topology
+from kdist.ps.hierarchy import topology
 from kdist.ps.worker import SyncCallback, WorkerSession
 
 __all__ = ["Layout", "MasterAdam", "MasterSGD", "ParameterServerStrategy", "Server",

@@ -33,7 +33,7 @@ from kdist.ps import masks, master_optimizers, rules, state
 from kdist.ps.layout import Layout
 from kdist.ps.link import Link
 from kdist.ps.server import Server
-from kdist.ps.topology import topology, workers
+from kdist.ps.hierarchy import topology, workers
 from kdist.ps.worker import SyncCallback, WorkerSession, shard
 
 logger = logging.getLogger(__name__)

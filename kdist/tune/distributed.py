@@ -152,14 +152,12 @@ def search(tuner, *fit_args, folds_per_group=1, workers_per_fold=1, comm=None,
         if trial_timeout is not None:
             logger.warning("trial_timeout has no effect in a search on one process")
         return tuner.search(*fit_args, **fit_kwargs)
-    from kdist.tune.kfold import KFoldTuner
-
-    if folds_per_group > 1 and not isinstance(tuner, KFoldTuner):
+    if folds_per_group > 1 and not getattr(tuner, "trains_folds", False):
         raise ValueError("folds_per_group > 1 needs a kdist.tune.KFoldTuner.")
     roles = Roles(comm, folds_per_group, workers_per_fold)
     storage.make_saves_whole(tuner)
     storage.order_trials(tuner.oracle)  # a resumed search reloaded them in listing order
-    if isinstance(tuner, KFoldTuner) and roles.folds_per_group > tuner.folds:
+    if getattr(tuner, "trains_folds", False) and roles.folds_per_group > tuner.folds:
         raise ValueError(f"folds_per_group ({roles.folds_per_group}) exceeds the tuner's "
                          f"{tuner.folds} folds.")
     # Every rank has built its tuner (and cleared an overwritten directory) before
@@ -443,11 +441,10 @@ def _team_starts_alike(run_trial, roles):
     hypermodel builds one model per rank, with each rank's own random
     initialisation, so its `fit` gets a broadcast from the team's first rank.
     """
-    from kdist.tune.kfold import KFoldTuner
-
     tuner = getattr(run_trial, "__self__", None)
     hypermodel = getattr(tuner, "hypermodel", None)
-    if (roles.team_comm.size == 1 or isinstance(tuner, KFoldTuner) or hypermodel is None):
+    if (roles.team_comm.size == 1 or getattr(tuner, "trains_folds", False)
+            or hypermodel is None):
         yield
         return
     from kdist.callbacks.broadcast import BroadcastGlobalVariablesCallback

@@ -108,6 +108,9 @@ class KFoldTuner(kt.Tuner):
     ['val_loss', 'val_loss_fold_0', 'val_loss_fold_1']
     """
 
+    # Read by kdist.tune.distributed: this tuner splits, broadcasts and scores folds itself.
+    trains_folds = True
+
     def __init__(self, hypermodel=None, oracle=None, folds=5, stratified=None, shuffle=True,
                  split_seed=0, **kwargs):
         if oracle is None:

@@ -1,0 +1,96 @@
+"""Who this process is in the job, once `kdist.init()` has said so.
+
+The state `kdist.comm.processes.init()` fills in, and the accessors every
+layer reads it through. Kept apart from `processes` (which starts and stops
+kdist) so that the modules `processes` starts (the watchdog, timeline, process
+sets, the end-of-job logic) can read the world without importing it back.
+"""
+
+import threading
+
+# Set by `kdist.comm.processes` on import: starts kdist on first use.
+initialize = None
+
+
+class _World:
+    """Process-wide state filled in by `init()`."""
+
+    def __init__(self):
+        self.initialized = False
+        self.world = None
+        self.local = None
+        self.cross = None
+        self.watch = None
+        self.thread_level = None
+        # How many times the world changed since this process started (ranks
+        # lost or replaced); a process that joined a running job starts at 1.
+        self.generation = 0
+        self.joined_late = False
+        self.lock = threading.Lock()
+
+
+_state = _World()
+
+
+def _started():
+    if not _state.initialized:
+        initialize()
+    return _state
+
+
+def world_generation():
+    """0 while the world is the one the job started with; larger once an
+    elastic job lost or replaced ranks (or this process joined it late)."""
+    return _state.generation
+
+
+def joined_late():
+    """Whether this process was started to replace a lost rank of a running job."""
+    return _state.joined_late
+
+
+def is_initialized():
+    return _state.initialized
+
+
+def world():
+    """The world `Communicator`, initialising kdist on first use."""
+    return _started().world
+
+
+def local():
+    return _started().local
+
+
+def cross():
+    return _started().cross
+
+
+def size():
+    """Number of processes in the job."""
+    return world().size
+
+
+def rank():
+    """This process's index in the job, from 0 to `size() - 1`."""
+    return world().rank
+
+
+def local_size():
+    """Number of processes of the job on this node."""
+    return local().size
+
+
+def local_rank():
+    """This process's index among the job's processes on this node."""
+    return local().rank
+
+
+def cross_size():
+    """Number of nodes that hold a process with this process's local rank."""
+    return cross().size
+
+
+def cross_rank():
+    """Index of this process's node among those."""
+    return cross().rank

@@ -1,0 +1,153 @@
+"""The package's shape: imports point down the layers, MPI stays in comm, the public
+API is declared and documented."""
+
+import ast
+import importlib
+import pathlib
+import re
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "kdist"
+
+# Bottom first. A module may import its own layer and those below it. Mixed
+# precision sits below the optimizers: DistributedOptimizer wraps itself in
+# precision's loss-scale optimizer when mixed precision is on.
+LAYERS = ["comm", "distribute", "callbacks", "precision", "optimizers", "sparsity", "tfmot",
+          "ps", "gossip", "pipeline", "elastic", "gan", "tune", "cli"]
+PUBLIC_PACKAGES = ["kdist", "kdist.callbacks", "kdist.comm", "kdist.distribute",
+                   "kdist.elastic", "kdist.gan", "kdist.optimizers", "kdist.precision",
+                   "kdist.ps", "kdist.sparsity", "kdist.tune"]
+
+
+def _module_name(path):
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {_module_name(path): path for path in PACKAGE.rglob("*.py")}
+
+
+def _imports(path):
+    """(imported kdist module, line) for every import in the file, in functions too."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, node.lineno) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            inner = [f"{node.module}.{alias.name}" for alias in node.names]
+            modules = [name for name in inner if name in MODULES]
+            # `from package import name` depends on the package unless every name is a module.
+            if len(modules) < len(inner):
+                modules.append(node.module)
+            found += [(name, node.lineno) for name in modules]
+    return [(name, line) for name, line in found if name.split(".")[0] == "kdist"]
+
+
+def _graph():
+    graph = {}
+    for name, path in MODULES.items():
+        targets = set()
+        for target, _ in _imports(path):
+            while target not in MODULES:
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                targets.add(target)
+        graph[name] = targets
+    return graph
+
+
+def _cycles(graph):
+    """Strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on_stack, found, counter = {}, {}, [], set(), [], [0]
+
+    def visit(node):
+        index[node] = low[node] = counter[0]
+        counter[0] += 1
+        stack.append(node)
+        on_stack.add(node)
+        for other in graph[node]:
+            if other not in index:
+                visit(other)
+                low[node] = min(low[node], low[other])
+            elif other in on_stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def _layer(module):
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in LAYERS else None
+
+
+def test_the_package_has_no_import_cycles():
+    # A package's __init__ imports its modules; their imports of the package
+    # itself are what makes a cycle, so those count too.
+    assert _cycles(_graph()) == []
+
+
+def test_cycle_detection_finds_a_cycle():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_imports_point_down_the_layers():
+    upward = []
+    for name, path in MODULES.items():
+        for target, line in _imports(path):
+            mine, theirs = _layer(name), _layer(target)
+            if mine and theirs and LAYERS.index(theirs) > LAYERS.index(mine):
+                upward.append(f"{path.relative_to(ROOT)}:{line} imports {target}")
+    assert upward == []
+
+
+def test_only_comm_imports_mpi4py():
+    outside = [f"{path.relative_to(ROOT)}:{line}" for name, path in MODULES.items()
+               if not name.startswith("kdist.comm")
+               for node in ast.walk(ast.parse(path.read_text()))
+               if isinstance(node, (ast.Import, ast.ImportFrom))
+               for line in [node.lineno]
+               if any(n.split(".")[0] == "mpi4py" for n in (
+                   [a.name for a in node.names] if isinstance(node, ast.Import)
+                   else [node.module or ""]))]
+    assert outside == []
+
+
+@pytest.mark.parametrize("package", PUBLIC_PACKAGES)
+def test_every_public_name_is_declared_and_documented(package):
+    module = importlib.import_module(package)
+    declared = getattr(module, "__all__", None)
+    assert declared, f"{package} declares no __all__"
+    assert len(set(declared)) == len(declared), f"{package}.__all__ repeats a name"
+    docs = "\n".join(path.read_text() for path in (ROOT / "docs").glob("*.md"))
+    for name in declared:
+        assert not name.startswith("_") or name == "__version__", (
+            f"{package}.__all__ exports private {name}")
+        assert hasattr(module, name), f"{package}.__all__ names {name}, which it lacks"
+        assert re.search(rf"\b{re.escape(name)}\b", docs), (
+            f"{package}.{name} is public but docs/ never mentions it")
+
+
+@pytest.mark.parametrize("package", PUBLIC_PACKAGES)
+def test_no_module_is_shadowed_by_a_public_name_of_its_package(package):
+    # `from kdist.comm import world` would give the function, not a module `world.py`.
+    module = importlib.import_module(package)
+    folder = ROOT.joinpath(*package.split("."))
+    for name in module.__all__:
+        if (folder / f"{name}.py").exists() or (folder / name / "__init__.py").exists():
+            assert getattr(module, name).__name__.endswith(f"{package}.{name}"), (
+                f"{package}.{name} is both a module and another public object")
