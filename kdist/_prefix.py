@@ -6,6 +6,11 @@ launcher's environment, so it is the MPI process; this wrapper only relays its
 output and its exit status (a rank killed by a signal still fails the job).
 `kdist launch` relays its TensorFlow workers' output with `relay` too.
 
+Rank 0's output passes through untagged, so that its progress bar redraws in
+place; every other rank's lines start with `[rank] `. When `kdist run`'s own
+output is not a terminal (KDIST_TTY=0: a log file, a pipe), colour codes
+are removed, so that logs read as plain text.
+
 TensorFlow's start-up lines (absl's notice, oneDNN, CUDA stubs, CPU
 features), which every rank would print, are dropped unless KDIST_VERBOSE
 is set (`kdist run -v`).
@@ -30,19 +35,24 @@ START_UP_NOISE = re.compile(
     rb"|To enable the following instructions: .* rebuild TensorFlow with the appropriate "
     rb"compiler flags\.)\r?\n")
 
+# Select Graphic Rendition sequences only: colours and bold, as Keras's progress bar writes.
+COLOUR = re.compile(rb"\x1b\[[0-9;]*m")
+UNFINISHED_COLOUR = re.compile(rb"(\x1b(\[[0-9;]{0,16})?)?\Z")
+
 
 def quiet():
     """The noise filter `relay` applies: START_UP_NOISE unless KDIST_VERBOSE is set."""
     return None if os.environ.get("KDIST_VERBOSE") else START_UP_NOISE
 
 
-def relay(fd, tag, out, lock=None, drop=None):
+def relay(fd, tag, out, lock=None, drop=None, plain=False):
     """Copies everything readable from `fd` to `out`, with `tag` at each line start.
 
     With a `lock` (several relays writing to one `out`), only whole lines are
     written, so that two processes' lines never run into each other; a
     trailing partial line comes out when the stream ends. Whole lines that
-    the regular expression `drop` matches are left out.
+    the regular expression `drop` matches are left out; with `plain`, colour
+    codes are removed.
     """
     start_of_line = True
     held = b""
@@ -50,19 +60,25 @@ def relay(fd, tag, out, lock=None, drop=None):
         chunk = os.read(fd, 65536)
         if not chunk:
             break
+        chunk = held + chunk
         if lock is not None:
-            chunk = held + chunk
             whole = max(chunk.rfind(b"\n"), chunk.rfind(b"\r")) + 1
-            chunk, held = chunk[:whole], chunk[whole:]
-        _write(out, tag, chunk, start_of_line, lock, drop)
-        if chunk:
-            start_of_line = chunk.endswith((b"\n", b"\r"))
-    _write(out, tag, held, start_of_line, lock, drop)
+        elif plain:
+            # Hold back a colour code the read cut in two, until its end arrives.
+            whole = UNFINISHED_COLOUR.search(chunk).start()
+        else:
+            whole = len(chunk)
+        chunk, held = chunk[:whole], chunk[whole:]
+        start_of_line = _write(out, tag, chunk, start_of_line, lock, drop, plain)
+    _write(out, tag, held, start_of_line, lock, drop, plain)
 
 
-def _write(out, tag, chunk, start_of_line, lock, drop=None):
+def _write(out, tag, chunk, start_of_line, lock, drop=None, plain=False):
+    """Writes `chunk` tagged; returns whether the output now stands at a line start."""
+    if plain:
+        chunk = COLOUR.sub(b"", chunk)
     if not chunk:
-        return
+        return start_of_line
     pieces = []
     # Progress bars redraw with '\r'; each redrawn line gets the tag too.
     for piece in chunk.splitlines(keepends=True):
@@ -70,13 +86,14 @@ def _write(out, tag, chunk, start_of_line, lock, drop=None):
             continue
         # A bare carriage return (after backspaces, as Keras redraws a bar) only
         # moves the cursor: tagging it too would leave "[0] [0] ..." in logs.
-        if start_of_line and (not piece.endswith(b"\r") or piece.strip(b"\r\x08")):
+        if tag and start_of_line and (not piece.endswith(b"\r") or piece.strip(b"\r\x08")):
             pieces.append(tag)
         pieces.append(piece)
         start_of_line = piece.endswith((b"\n", b"\r"))
     with lock or contextlib.nullcontext():
         out.write(b"".join(pieces))
         out.flush()
+    return start_of_line
 
 
 def main(argv):
@@ -92,7 +109,9 @@ def main(argv):
     env = dict(os.environ, KDIST_PREFIXER=os.path.abspath(__file__))
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                env=env)
-    relay(process.stdout.fileno(), f"[{rank}] ".encode(), sys.stdout.buffer, drop=quiet())
+    tag = b"" if rank == "0" else f"[{rank}] ".encode()
+    relay(process.stdout.fileno(), tag, sys.stdout.buffer, drop=quiet(),
+          plain=os.environ.get("KDIST_TTY") == "0")
     code = process.wait()
     if code < 0:
         # Die of the same signal: under fault tolerance the launcher then treats

@@ -47,7 +47,8 @@ FAULT_TOLERANCE_ARGS = ("--with-ft", "ulfm", "--mca", "mpi_ft_detector", "true",
                         "--mca", "mpi_ft_detector_timeout", "4")
 
 
-def mpiexec_command(nprocs, command, mpiexec=None, extra=(), fault_tolerant=False):
+def mpiexec_command(nprocs, command, mpiexec=None, extra=(), fault_tolerant=False,
+                    forward=()):
     """The full launcher command line and environment for `command` on `nprocs` ranks.
 
     With `fault_tolerant`, ranks that die do not end the job (Open MPI only).
@@ -70,6 +71,10 @@ def mpiexec_command(nprocs, command, mpiexec=None, extra=(), fault_tolerant=Fals
             argv.append("--oversubscribe")
         if fault_tolerant:
             argv += FAULT_TOLERANCE_ARGS
+        # Open MPI passes on to other nodes only the variables it is told to;
+        # MPICH's Hydra passes the whole environment.
+        for name in forward:
+            argv += ["-x", name]
     elif fault_tolerant:
         raise ValueError(f"{mpiexec} is not Open MPI's; fault tolerance (ULFM) needs Open MPI "
                          "5, which the 'mpi' extra installs.")
@@ -124,13 +129,17 @@ def _run(args, verb="run"):
     try:
         argv, env = mpiexec_command(
             args.n, command, extra=extra,
-            fault_tolerant=elastic or getattr(args, "fault_tolerant", False))
+            fault_tolerant=elastic or getattr(args, "fault_tolerant", False),
+            forward=("KDIST_TTY",) + (("KDIST_VERBOSE",) if args.verbose else ()))
     except (ValueError, FileNotFoundError) as error:
         raise SystemExit(f"kdist {verb}: {error}")
     if elastic:
         env["KDIST_ELASTIC_MIN_NP"] = str(min_np or 1)
         env["KDIST_ELASTIC_MAX_NP"] = "" if max_np is None else str(max_np)
     env.setdefault("PYTHONUNBUFFERED", "1")
+    # The ranks' output reaches a terminal only through this process, which
+    # alone knows whether colour codes would be seen or land in a log.
+    env["KDIST_TTY"] = "1" if sys.stdout.isatty() else "0"
     if args.verbose:
         env["KDIST_VERBOSE"] = "1"
         print(f"kdist {verb}:", " ".join(argv), file=sys.stderr)
@@ -280,7 +289,8 @@ def placement_advice(everyone):
 def _add_launch_arguments(parser, what):
     parser.add_argument("-n", "--np", dest="n", type=int, default=1, help=f"number of {what}")
     parser.add_argument("--no-prefix", action="store_true",
-                        help="do not prefix output lines with the rank")
+                        help="pass output through untouched: no rank tags, colour codes and "
+                             "TensorFlow's start-up lines kept")
     parser.add_argument("--raw-command", action="store_true",
                         help="run a .py argument as a command, not with this Python")
     parser.add_argument("--mpi-args", default="",

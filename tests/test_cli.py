@@ -52,7 +52,7 @@ def test_info_reports_versions_and_ranks():
 def test_run_prefixes_each_rank_and_reports_info(mpiexec_path):
     done = kdist_cli("run", "-n", "2", "--", sys.executable, "-m", "kdist.cli", "info")
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "[0]" in done.stdout
+    assert "[0] " not in done.stdout  # rank 0 reports for all, untagged
     assert "size: 2" in done.stdout and "rank 1:" in done.stdout
     assert "strategy: mpi (started by an MPI launcher with 2 tasks)" in done.stdout
 
@@ -68,7 +68,8 @@ def test_run_fails_when_any_rank_fails(mpiexec_path, tmp_path):
                       "sys.exit(3 if rank == 1 else 0)\n")
     done = kdist_cli("run", "-n", "2", str(script))
     assert done.returncode != 0
-    assert "[0] hello from 0" in done.stdout and "[1] hello from 1" in done.stdout
+    lines = done.stdout.splitlines()
+    assert "hello from 0" in lines and "[1] hello from 1" in lines
 
 
 def test_run_explains_a_missing_script():
@@ -138,6 +139,43 @@ def test_run_hides_tensorflow_start_up_lines_unless_verbose(mpiexec_path, tmp_pa
     quiet, loud = kdist_cli("run", "-n", "2", str(script)), kdist_cli("run", "-v", "-n", "2",
                                                                        str(script))
     assert quiet.returncode == loud.returncode == 0, quiet.stdout + loud.stdout
-    assert "[0] ready 1" in quiet.stdout and "[1] ready 1" in quiet.stdout
+    assert "ready 1" in quiet.stdout.splitlines() and "[1] ready 1" in quiet.stdout
     assert "absl::InitializeLog" not in quiet.stdout and "port.cc" not in quiet.stdout
     assert "absl::InitializeLog" in loud.stdout
+
+
+@pytest.mark.mpi
+def test_run_passes_rank_0_through_and_keeps_colours_only_on_a_terminal(mpiexec_path, tmp_path):
+    script = tmp_path / "bar.py"
+    script.write_text("import os, sys\n"
+                      "rank = os.environ['OMPI_COMM_WORLD_RANK']\n"
+                      "bold, plain = '\\x1b[1m', '\\x1b[0m'\n"
+                      "sys.stdout.write(f'{bold}{rank}/2{plain}\\r{bold}2/2{plain} done\\n')\n")
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    piped = subprocess.run([sys.executable, "-m", "kdist.cli", "run", "-n", "2", str(script)],
+                           capture_output=True, timeout=120, env=env)
+    assert piped.returncode == 0, piped.stdout + piped.stderr
+    assert b"\x1b[" not in piped.stdout  # a log gets plain text
+    assert b"0/2\r2/2 done\n" in piped.stdout and b"[1] 1/2\r[1] 2/2 done\n" in piped.stdout
+    assert b"[0]" not in piped.stdout
+
+    import pty
+
+    leader, follower = pty.openpty()
+    job = subprocess.Popen([sys.executable, "-m", "kdist.cli", "run", "-n", "2", str(script)],
+                           stdout=follower, stderr=subprocess.DEVNULL, env=env)
+    os.close(follower)
+    seen = b""
+    try:
+        while True:
+            try:
+                chunk = os.read(leader, 4096)
+            except OSError:  # the terminal closes with the job
+                break
+            if not chunk:
+                break
+            seen += chunk
+    finally:
+        os.close(leader)
+        assert job.wait(timeout=60) == 0, seen
+    assert b"\x1b[1m0/2\x1b[0m\r" in seen and b"[1] \x1b[1m1/2" in seen
