@@ -39,8 +39,8 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
 
     Example:
 
-    >>> import keras, kdist
-    >>> callback = kdist.callbacks.BroadcastGlobalVariablesCallback(0)
+        >>> import keras, kdist
+        >>> callback = kdist.callbacks.BroadcastGlobalVariablesCallback(0)
     """
 
     def __init__(self, root_rank=0, device="", local_variables=None, process_set=None,
@@ -112,8 +112,8 @@ class MetricAverageCallback(keras.callbacks.Callback):
 
     Example:
 
-    >>> import kdist
-    >>> callback = kdist.callbacks.MetricAverageCallback()
+        >>> import kdist
+        >>> callback = kdist.callbacks.MetricAverageCallback()
     """
 
     def __init__(self, device=""):

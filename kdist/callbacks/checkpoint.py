@@ -156,8 +156,8 @@ class Checkpoint(keras.callbacks.Callback):
 
     Example:
 
-    >>> import kdist, tempfile
-    >>> checkpoint = kdist.callbacks.Checkpoint(tempfile.mkdtemp())
+        >>> import kdist, tempfile
+        >>> checkpoint = kdist.callbacks.Checkpoint(tempfile.mkdtemp())
     """
 
     def __init__(self, directory, keep=2, save_freq=1):

@@ -37,8 +37,9 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
         initial_lr: the learning rate the multiplier scales (usually already
             scaled by `kdist.size()`).
         multiplier: a number, or a function of the epoch.
-        start_epoch, end_epoch: the (possibly fractional) epochs this schedule
-            governs (end excluded; None means until training ends).
+        start_epoch: the (possibly fractional) epoch this schedule starts at.
+        end_epoch: the (possibly fractional) epoch it stops at, excluded; None
+            means until training ends.
         staircase: change once per epoch, passing the multiplier the whole
             epoch number (True), or before every batch, passing the
             fractional epoch (False).
@@ -46,11 +47,11 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
 
     Example:
 
-    >>> import kdist
-    >>> decay = kdist.callbacks.LearningRateScheduleCallback(
-    ...     initial_lr=0.1, multiplier=lambda epoch: 0.1 ** (epoch // 30), start_epoch=5)
-    >>> round(decay.learning_rate_at(30), 6)
-    0.01
+        >>> import kdist
+        >>> decay = kdist.callbacks.LearningRateScheduleCallback(
+        ...     initial_lr=0.1, multiplier=lambda epoch: 0.1 ** (epoch // 30), start_epoch=5)
+        >>> round(decay.learning_rate_at(30), 6)
+        0.01
     """
 
     def __init__(self, initial_lr, multiplier, start_epoch=0, end_epoch=None, staircase=True,
@@ -136,12 +137,12 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
 
     Example:
 
-    >>> import kdist
-    >>> warmup = kdist.callbacks.LearningRateWarmupCallback(initial_lr=0.4, warmup_epochs=5)
-    >>> round(warmup.learning_rate_at(0.0), 4) == round(0.4 / kdist.size(), 4)
-    True
-    >>> warmup.learning_rate_at(5.0)
-    0.4
+        >>> import kdist
+        >>> warmup = kdist.callbacks.LearningRateWarmupCallback(initial_lr=0.4, warmup_epochs=5)
+        >>> round(warmup.learning_rate_at(0.0), 4) == round(0.4 / kdist.size(), 4)
+        True
+        >>> warmup.learning_rate_at(5.0)
+        0.4
     """
 
     def __init__(self, initial_lr, warmup_epochs=5, momentum_correction=None,

@@ -19,17 +19,18 @@ class TensorBoard(keras.callbacks.TensorBoard):
     the gather is collective.
 
     Args:
-        log_dir, **kwargs: those of `keras.callbacks.TensorBoard`.
+        log_dir: as for `keras.callbacks.TensorBoard`.
+        **kwargs: the other arguments of `keras.callbacks.TensorBoard`.
 
     Example:
 
-    >>> import keras, numpy as np, tempfile, kdist
-    >>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
-    >>> model.compile("sgd", "mse")
-    >>> board = kdist.callbacks.TensorBoard(tempfile.mkdtemp())
-    >>> _ = model.fit(np.ones((8, 4)), np.ones((8, 1)), epochs=2, verbose=0, callbacks=[board])
-    >>> sorted(board.last_step_times)
-    [0]
+        >>> import keras, numpy as np, tempfile, kdist
+        >>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+        >>> model.compile("sgd", "mse")
+        >>> board = kdist.callbacks.TensorBoard(tempfile.mkdtemp())
+        >>> _ = model.fit(np.ones((8, 4)), np.ones((8, 1)), epochs=2, verbose=0, callbacks=[board])
+        >>> sorted(board.last_step_times)
+        [0]
     """
 
     def __init__(self, log_dir="logs", **kwargs):

@@ -65,9 +65,9 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="", compressi
 
     Example:
 
-    >>> import numpy as np, kdist
-    >>> kdist.allreduce(np.array([1.0, 2.0]))  # one process: unchanged
-    array([1., 2.])
+        >>> import numpy as np, kdist
+        >>> kdist.allreduce(np.array([1.0, 2.0]))  # one process: unchanged
+        array([1., 2.])
     """
     op = _resolve_op(average, op)
     comm = resolve_comm(comm, process_set)
@@ -122,9 +122,9 @@ def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="",
 
     Example:
 
-    >>> import numpy as np, kdist
-    >>> [a.tolist() for a in kdist.grouped_allreduce([np.ones(2), np.zeros(3)])]
-    [[1.0, 1.0], [0.0, 0.0, 0.0]]
+        >>> import numpy as np, kdist
+        >>> [a.tolist() for a in kdist.grouped_allreduce([np.ones(2), np.zeros(3)])]
+        [[1.0, 1.0], [0.0, 0.0, 0.0]]
     """
     op = _resolve_op(average, op)
     comm = resolve_comm(comm, process_set)
@@ -222,9 +222,9 @@ def reducescatter(tensor, device_dense="", compression=None, op=Average, name=No
 
     Example:
 
-    >>> import numpy as np, kdist
-    >>> kdist.reducescatter(np.arange(4.0)).tolist()  # one process: all rows
-    [0.0, 1.0, 2.0, 3.0]
+        >>> import numpy as np, kdist
+        >>> kdist.reducescatter(np.arange(4.0)).tolist()  # one process: all rows
+        [0.0, 1.0, 2.0, 3.0]
     """
     op = reduce_op(op)
     comm = resolve_comm(comm, process_set)

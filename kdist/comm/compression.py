@@ -66,10 +66,10 @@ class TopKCompressor(Compressor):
 
     Example:
 
-    >>> import kdist
-    >>> compression = kdist.Compression.topk(ratio=0.05)
-    >>> compression.ratio
-    0.05
+        >>> import kdist
+        >>> compression = kdist.Compression.topk(ratio=0.05)
+        >>> compression.ratio
+        0.05
     """
 
     name = "topk"
@@ -165,9 +165,9 @@ class Compression:
 
     Example:
 
-    >>> import keras, kdist
-    >>> opt = kdist.DistributedOptimizer(keras.optimizers.SGD(0.1),
-    ...                                  compression=kdist.Compression.fp16)
+        >>> import keras, kdist
+        >>> opt = kdist.DistributedOptimizer(keras.optimizers.SGD(0.1),
+        ...                                  compression=kdist.Compression.fp16)
     """
 
     none = NoneCompressor()

@@ -29,9 +29,9 @@ def join(comm=None):
 
     Example:
 
-    >>> import kdist
-    >>> kdist.join()  # one process: nothing to wait for
-    0
+        >>> import kdist
+        >>> kdist.join()  # one process: nothing to wait for
+        0
     """
     return join_and_tell(comm)[0]
 

@@ -7,9 +7,9 @@ own.
 
 Example:
 
->>> import kdist
->>> kdist.global_process_set.size() == kdist.size()
-True
+    >>> import kdist
+    >>> kdist.global_process_set.size() == kdist.size()
+    True
 """
 
 import threading

@@ -102,10 +102,10 @@ def init(comm=None, process_sets=None):
 
     Example:
 
-    >>> import kdist
-    >>> kdist.init()
-    >>> kdist.rank(), kdist.size()
-    (0, 1)
+        >>> import kdist
+        >>> kdist.init()
+        >>> kdist.rank(), kdist.size()
+        (0, 1)
     """
     with _state.lock:
         if _state.initialized:

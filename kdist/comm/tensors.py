@@ -45,7 +45,8 @@ class TensorReducer:
             this reducer is called with. The floating tensors of each inner
             list travel in one collective; those in no list travel alone.
             Overrides `bucket_bytes` and `num_groups`.
-        prescale_factor, postscale_factor: results are
+        prescale_factor: multiplies each tensor before the reduction.
+        postscale_factor: multiplies each result, so that results are
             `reduce(t * prescale_factor) * postscale_factor`, as in `kdist.allreduce`.
         name: used in log messages and in error reports.
         overlap: let a bucket's collective start as soon as its own tensors
@@ -54,10 +55,10 @@ class TensorReducer:
 
     Example:
 
-    >>> import tensorflow as tf
-    >>> from kdist.comm.tensors import TensorReducer
-    >>> [t.shape for t in TensorReducer()([tf.ones((2, 3)), tf.zeros(4)])]
-    [TensorShape([2, 3]), TensorShape([4])]
+        >>> import tensorflow as tf
+        >>> from kdist.comm.tensors import TensorReducer
+        >>> [t.shape for t in TensorReducer()([tf.ones((2, 3)), tf.zeros(4)])]
+        [TensorShape([2, 3]), TensorShape([4])]
     """
 
     def __init__(self, comm=None, compression=None, average=True,

@@ -14,12 +14,12 @@ hang the others.
 
 Example:
 
->>> import kdist
->>> kdist.start_timeline("/tmp/kdist-timeline.json")
->>> kdist.allreduce([1.0, 2.0], name="example")
-array([1., 2.])
->>> kdist.stop_timeline()
-'/tmp/kdist-timeline.json'
+    >>> import kdist
+    >>> kdist.start_timeline("/tmp/kdist-timeline.json")
+    >>> kdist.allreduce([1.0, 2.0], name="example")
+    array([1., 2.])
+    >>> kdist.stop_timeline()
+    '/tmp/kdist-timeline.json'
 """
 
 import atexit

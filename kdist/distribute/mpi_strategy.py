@@ -71,10 +71,10 @@ class MPIStrategy(distribute_lib.Strategy):
 
     Example:
 
-    >>> import kdist
-    >>> strategy = kdist.distribute.MPIStrategy()
-    >>> strategy.num_replicas_in_sync == kdist.size()
-    True
+        >>> import kdist
+        >>> strategy = kdist.distribute.MPIStrategy()
+        >>> strategy.num_replicas_in_sync == kdist.size()
+        True
     """
 
     def __init__(self, comm=None, compression=None, bucket_bytes=DEFAULT_BUCKET_BYTES,
@@ -285,10 +285,12 @@ def slice_batches(dataset, rank, size):
     Every rank sees every global batch, so all take the same number of steps
     even when the last batch is short.
 
-    >>> import tensorflow as tf
-    >>> ds = tf.data.Dataset.range(8).batch(4)
-    >>> [b.numpy().tolist() for b in slice_batches(ds, 1, 2)]
-    [[2, 3], [6, 7]]
+    Example:
+
+        >>> import tensorflow as tf
+        >>> ds = tf.data.Dataset.range(8).batch(4)
+        >>> [b.numpy().tolist() for b in slice_batches(ds, 1, 2)]
+        [[2, 3], [6, 7]]
     """
     if not 0 <= rank < size:
         raise ValueError(f"rank must be in [0, {size}); got {rank}.")

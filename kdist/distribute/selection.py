@@ -109,10 +109,10 @@ def auto(environ=None):
 
     Example:
 
-    >>> import kdist
-    >>> strategy = kdist.distribute.auto()
-    >>> strategy.num_replicas_in_sync >= 1
-    True
+        >>> import kdist
+        >>> strategy = kdist.distribute.auto()
+        >>> strategy.num_replicas_in_sync >= 1
+        True
     """
     environ = os.environ if environ is None else environ
     # Before TensorFlow starts, so that each rank gets its share of the cores.

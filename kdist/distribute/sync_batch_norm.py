@@ -48,10 +48,10 @@ class SyncBatchNormalization(keras.layers.BatchNormalization):
 
     Example:
 
-    >>> import keras, kdist
-    >>> model = keras.Sequential([keras.Input((4,)), kdist.SyncBatchNormalization()])
-    >>> model.layers[0].name.startswith("sync_batch_normalization")
-    True
+        >>> import keras, kdist
+        >>> model = keras.Sequential([keras.Input((4,)), kdist.SyncBatchNormalization()])
+        >>> model.layers[0].name.startswith("sync_batch_normalization")
+        True
     """
 
     def __init__(self, fused=None, **kwargs):

@@ -25,10 +25,10 @@ def is_replacement():
 
     Example:
 
-    >>> import kdist
-    >>> kdist.init()
-    >>> kdist.elastic.is_replacement()
-    False
+        >>> import kdist
+        >>> kdist.init()
+        >>> kdist.elastic.is_replacement()
+        False
     """
     return processes.joined_late()
 
@@ -85,14 +85,14 @@ def run(func=None, *, min_size=None, max_size=None):
 
     Example:
 
-    >>> import kdist
-    >>> state = kdist.elastic.ObjectState(epoch=0)
-    >>> @kdist.elastic.run
-    ... def train(state):
-    ...     state.epoch += 1
-    ...     return state.epoch
-    >>> train(state)
-    1
+        >>> import kdist
+        >>> state = kdist.elastic.ObjectState(epoch=0)
+        >>> @kdist.elastic.run
+        ... def train(state):
+        ...     state.epoch += 1
+        ...     return state.epoch
+        >>> train(state)
+        1
     """
     if func is None:
         return functools.partial(run, min_size=min_size, max_size=max_size)

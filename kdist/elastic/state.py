@@ -60,17 +60,17 @@ class ObjectState(State):
 
     Example:
 
-    >>> from kdist.elastic import ObjectState
-    >>> state = ObjectState(epoch=0, best=None)
-    >>> state.epoch = 3
-    >>> state.restore()
-    >>> state.epoch
-    0
-    >>> state.epoch = 3
-    >>> state.commit()
-    >>> state.restore()
-    >>> state.epoch
-    3
+        >>> from kdist.elastic import ObjectState
+        >>> state = ObjectState(epoch=0, best=None)
+        >>> state.epoch = 3
+        >>> state.restore()
+        >>> state.epoch
+        0
+        >>> state.epoch = 3
+        >>> state.commit()
+        >>> state.restore()
+        >>> state.epoch
+        3
     """
 
     def __init__(self, **values):
@@ -111,14 +111,14 @@ class KerasState(ObjectState):
 
     Example:
 
-    >>> import keras, kdist
-    >>> model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
-    >>> model.compile(optimizer="sgd", loss="mse")
-    >>> state = kdist.elastic.KerasState(model, epoch=0)
-    >>> _ = model.layers[0].kernel.assign(model.layers[0].kernel * 0.0)
-    >>> state.restore()
-    >>> bool(abs(model.layers[0].kernel.numpy()).sum() > 0)
-    True
+        >>> import keras, kdist
+        >>> model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+        >>> model.compile(optimizer="sgd", loss="mse")
+        >>> state = kdist.elastic.KerasState(model, epoch=0)
+        >>> _ = model.layers[0].kernel.assign(model.layers[0].kernel * 0.0)
+        >>> state.restore()
+        >>> bool(abs(model.layers[0].kernel.numpy()).sum() > 0)
+        True
     """
 
     def __init__(self, model, optimizer=None, **values):

@@ -42,14 +42,14 @@ class GAN(keras.Model):
 
     Example:
 
-    >>> import keras, numpy as np, kdist.gan
-    >>> g = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
-    >>> d = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1, "sigmoid")])
-    >>> gan = kdist.gan.GAN(g, d, d_steps=1, g_steps=2, seed=1)
-    >>> gan.compile(d_optimizer="adam", g_optimizer="adam")
-    >>> history = gan.fit(np.ones((8, 2), "float32"), batch_size=4, verbose=0)
-    >>> int(gan.d_optimizer.iterations), int(gan.g_optimizer.iterations)
-    (2, 4)
+        >>> import keras, numpy as np, kdist.gan
+        >>> g = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+        >>> d = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1, "sigmoid")])
+        >>> gan = kdist.gan.GAN(g, d, d_steps=1, g_steps=2, seed=1)
+        >>> gan.compile(d_optimizer="adam", g_optimizer="adam")
+        >>> history = gan.fit(np.ones((8, 2), "float32"), batch_size=4, verbose=0)
+        >>> int(gan.d_optimizer.iterations), int(gan.g_optimizer.iterations)
+        (2, 4)
     """
 
     def __init__(self, generator, discriminator, latent_dim=None, d_steps=1, g_steps=1,
@@ -84,8 +84,9 @@ class GAN(keras.Model):
         """Sets the two optimizers and the losses.
 
         Args:
-            d_optimizer, g_optimizer: the discriminator's and the generator's
-                optimizers (instances or names), two distinct objects.
+            d_optimizer: the discriminator's optimizer (an instance or a name).
+            g_optimizer: the generator's optimizer (an instance or a name), a
+                different object from `d_optimizer`.
             loss: the adversarial loss on the first discriminator output; the
                 default expects a sigmoid probability. Pass
                 `keras.losses.BinaryCrossentropy(from_logits=True)` for logits.

@@ -20,10 +20,10 @@ class LocalGradientAggregator:
 
     Example:
 
-    >>> import keras, kdist
-    >>> opt = kdist.DistributedOptimizer(keras.optimizers.SGD(), backward_passes_per_step=4)
-    >>> int(opt._agg_helper.counter.numpy())
-    0
+        >>> import keras, kdist
+        >>> opt = kdist.DistributedOptimizer(keras.optimizers.SGD(), backward_passes_per_step=4)
+        >>> int(opt._agg_helper.counter.numpy())
+        0
     """
 
     def __init__(self, optimizer, backward_passes_per_step, average_aggregated_gradients):

@@ -71,11 +71,11 @@ class AllreduceOptimizer(keras.optimizers.Optimizer):
 
     Example:
 
-    >>> import keras, kdist
-    >>> opt = kdist.optimizers.AllreduceOptimizer(keras.optimizers.Adam(1e-3))
-    >>> opt.learning_rate.numpy().item() == keras.ops.convert_to_numpy(
-    ...     opt.inner_optimizer.learning_rate).item()
-    True
+        >>> import keras, kdist
+        >>> opt = kdist.optimizers.AllreduceOptimizer(keras.optimizers.Adam(1e-3))
+        >>> opt.learning_rate.numpy().item() == keras.ops.convert_to_numpy(
+        ...     opt.inner_optimizer.learning_rate).item()
+        True
     """
 
     def __init__(self, optimizer, compression=None, backward_passes_per_step=1,
@@ -669,11 +669,11 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
 
     Example:
 
-    >>> import keras, kdist
-    >>> opt = kdist.DistributedOptimizer(keras.optimizers.Adam(1e-3),
-    ...                                  compression=kdist.Compression.fp16)
-    >>> opt.op
-    'average'
+        >>> import keras, kdist
+        >>> opt = kdist.DistributedOptimizer(keras.optimizers.Adam(1e-3),
+        ...                                  compression=kdist.Compression.fp16)
+        >>> opt.op
+        'average'
     """
     return _distributed(optimizer, name=name, compression=compression,
                         sparse_as_dense=sparse_as_dense,
@@ -706,9 +706,9 @@ def PartialDistributedOptimizer(optimizer, name=None, device_dense="", device_sp
 
     Example:
 
-    >>> import keras, kdist
-    >>> head = keras.layers.Dense(2)
-    >>> opt = kdist.PartialDistributedOptimizer(keras.optimizers.SGD(0.1), local_layers=[head])
+        >>> import keras, kdist
+        >>> head = keras.layers.Dense(2)
+        >>> opt = kdist.PartialDistributedOptimizer(keras.optimizers.SGD(0.1), local_layers=[head])
     """
     if local_layers is None:
         local_layers = []

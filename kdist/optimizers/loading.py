@@ -32,15 +32,15 @@ def load_model(filepath, custom_optimizers=None, custom_objects=None, compressio
 
     Example:
 
-    >>> import os, tempfile, keras, numpy as np, kdist
-    >>> model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
-    >>> model.compile(keras.optimizers.Adam(0.01), "mse")
-    >>> _ = model.fit(np.ones((4, 3)), np.ones((4, 1)), epochs=2, verbose=0)
-    >>> path = os.path.join(tempfile.mkdtemp(), "model.keras")
-    >>> model.save(path)
-    >>> loaded = kdist.load_model(path, compression=kdist.Compression.fp16)
-    >>> type(loaded.optimizer).__name__, int(loaded.optimizer.iterations)
-    ('AllreduceOptimizer', 2)
+        >>> import os, tempfile, keras, numpy as np, kdist
+        >>> model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+        >>> model.compile(keras.optimizers.Adam(0.01), "mse")
+        >>> _ = model.fit(np.ones((4, 3)), np.ones((4, 1)), epochs=2, verbose=0)
+        >>> path = os.path.join(tempfile.mkdtemp(), "model.keras")
+        >>> model.save(path)
+        >>> loaded = kdist.load_model(path, compression=kdist.Compression.fp16)
+        >>> type(loaded.optimizer).__name__, int(loaded.optimizer.iterations)
+        ('AllreduceOptimizer', 2)
     """
     objects = {}
     for cls in custom_optimizers or ():

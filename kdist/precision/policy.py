@@ -45,11 +45,11 @@ def enable(policy="mixed_float16"):
 
     Example:
 
-    >>> import kdist
-    >>> kdist.precision.enable("mixed_bfloat16").name
-    'mixed_bfloat16'
-    >>> kdist.precision.enable("float32").name
-    'float32'
+        >>> import kdist
+        >>> kdist.precision.enable("mixed_bfloat16").name
+        'mixed_bfloat16'
+        >>> kdist.precision.enable("float32").name
+        'float32'
     """
     if policy not in POLICIES:
         raise ValueError(f"Unknown precision policy {policy!r}; use one of {POLICIES}.")
@@ -80,10 +80,10 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
 
     Example:
 
-    >>> import keras, kdist
-    >>> opt = kdist.precision.LossScaleOptimizer(keras.optimizers.SGD(0.1))
-    >>> opt.initial_scale
-    32768.0
+        >>> import keras, kdist
+        >>> opt = kdist.precision.LossScaleOptimizer(keras.optimizers.SGD(0.1))
+        >>> opt.initial_scale
+        32768.0
     """
 
     def __init__(self, inner_optimizer, initial_scale=2.0**15, dynamic_growth_steps=2000,

@@ -48,7 +48,8 @@ class Server:
         link: for a sub-master, its `Link` to the server above; None at the top.
         report_every: a sub-master reports up after this many updates
             (default: one per child).
-        first_epoch, clock: where a resumed run starts.
+        first_epoch: the epoch a resumed run starts at.
+        clock: the update count a resumed run starts at.
         center_hook: called as `hook(center, clock, reply)` after each update
             is folded in, before the reply goes out (the master's pruning
             masks, `kdist.ps.masks`).

@@ -47,14 +47,14 @@ def quantize_annotate_layer(to_annotate, quantize_config=None):
 
     Example:
 
-    >>> import keras, kdist
-    >>> model = keras.Sequential([
-    ...     keras.Input((8,)),
-    ...     kdist.sparsity.quantize_annotate_layer(keras.layers.Dense(4, activation="relu")),
-    ...     keras.layers.Dense(1)])
-    >>> quantized = kdist.sparsity.quantize_apply(model)
-    >>> [type(layer).__name__ for layer in quantized.layers]
-    ['QuantizeAware', 'Dense']
+        >>> import keras, kdist
+        >>> model = keras.Sequential([
+        ...     keras.Input((8,)),
+        ...     kdist.sparsity.quantize_annotate_layer(keras.layers.Dense(4, activation="relu")),
+        ...     keras.layers.Dense(1)])
+        >>> quantized = kdist.sparsity.quantize_apply(model)
+        >>> [type(layer).__name__ for layer in quantized.layers]
+        ['QuantizeAware', 'Dense']
     """
     _no_config(quantize_config)
     if not isinstance(to_annotate, keras.layers.Layer) or isinstance(to_annotate, keras.Model):
@@ -88,7 +88,10 @@ def quantize_apply(model, bits=8, per_channel=True, activations=True, preserve_s
 
     Args:
         model: a Sequential or functional model with marked layers.
-        bits, per_channel, activations, preserve_sparsity: see `QuantizeAware`.
+        bits: see `QuantizeAware`.
+        per_channel: see `QuantizeAware`.
+        activations: see `QuantizeAware`.
+        preserve_sparsity: see `QuantizeAware`.
     """
     if not isinstance(model, keras.Model):
         raise TypeError(f"quantize_apply() takes a Keras model; got {type(model).__name__}.")

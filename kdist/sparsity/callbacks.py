@@ -42,14 +42,14 @@ class UpdatePruning(keras.callbacks.Callback):
 
     Example:
 
-    >>> import keras, kdist
-    >>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8)])
-    >>> model = kdist.sparsity.prune(model, kdist.sparsity.ConstantSparsity(0.5, 0, frequency=1))
-    >>> model.compile("sgd", "mse")
-    >>> _ = model.fit(np.ones((8, 4)), np.ones((8, 8)), verbose=0,
-    ...               callbacks=[kdist.sparsity.UpdatePruning()])
-    >>> list(kdist.sparsity.sparsity_of(model).values())
-    [0.5]
+        >>> import keras, kdist
+        >>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8)])
+        >>> model = kdist.sparsity.prune(model, kdist.sparsity.ConstantSparsity(0.5, 0, frequency=1))
+        >>> model.compile("sgd", "mse")
+        >>> _ = model.fit(np.ones((8, 4)), np.ones((8, 8)), verbose=0,
+        ...               callbacks=[kdist.sparsity.UpdatePruning()])
+        >>> list(kdist.sparsity.sparsity_of(model).values())
+        [0.5]
     """
 
     # tf_keras's CallbackList asks these of every callback it is given.
@@ -146,12 +146,12 @@ class SyncQuantizeRanges(keras.callbacks.Callback):
 
     Example:
 
-    >>> import keras, kdist
-    >>> model = kdist.sparsity.quantize(keras.Sequential([keras.Input((4,)),
-    ...                                                   keras.layers.Dense(2)]))
-    >>> model.compile("sgd", "mse")
-    >>> _ = model.fit(np.ones((8, 4)), np.ones((8, 2)), verbose=0,
-    ...               callbacks=[kdist.sparsity.SyncQuantizeRanges()])
+        >>> import keras, kdist
+        >>> model = kdist.sparsity.quantize(keras.Sequential([keras.Input((4,)),
+        ...                                                   keras.layers.Dense(2)]))
+        >>> model.compile("sgd", "mse")
+        >>> _ = model.fit(np.ones((8, 4)), np.ones((8, 2)), verbose=0,
+        ...               callbacks=[kdist.sparsity.SyncQuantizeRanges()])
     """
 
     def __init__(self):

@@ -50,12 +50,12 @@ def export_tflite(model, path=None, representative_data=None, int8=True):
 
     Example:
 
-    >>> import keras, kdist
-    >>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
-    >>> x = np.random.default_rng(0).normal(size=(32, 4)).astype("float32")
-    >>> flatbuffer = kdist.sparsity.export_tflite(model, representative_data=x)
-    >>> kdist.sparsity.run_tflite(flatbuffer, x[:3]).shape
-    (3, 2)
+        >>> import keras, kdist
+        >>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+        >>> x = np.random.default_rng(0).normal(size=(32, 4)).astype("float32")
+        >>> flatbuffer = kdist.sparsity.export_tflite(model, representative_data=x)
+        >>> kdist.sparsity.run_tflite(flatbuffer, x[:3]).shape
+        (3, 2)
     """
     import tensorflow as tf
 
@@ -135,12 +135,14 @@ def keras_int8(model):
     has int8 forms of Dense, EinsumDense and Embedding only; other layers stay
     float.
 
-    >>> import keras, kdist
-    >>> model = kdist.sparsity.quantize(keras.Sequential([keras.Input((4,)),
-    ...                                                   keras.layers.Dense(3)]))
-    >>> int8 = kdist.sparsity.keras_int8(model)
-    >>> [weight.dtype for weight in int8.layers[0].weights]
-    ['float32', 'int8', 'float32']
+    Example:
+
+        >>> import keras, kdist
+        >>> model = kdist.sparsity.quantize(keras.Sequential([keras.Input((4,)),
+        ...                                                   keras.layers.Dense(3)]))
+        >>> int8 = kdist.sparsity.keras_int8(model)
+        >>> [weight.dtype for weight in int8.layers[0].weights]
+        ['float32', 'int8', 'float32']
     """
     if not isinstance(model, keras.Model):
         raise TypeError(f"keras_int8() takes a Keras 3 model; got {type(model).__name__}.")

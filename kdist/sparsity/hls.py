@@ -146,8 +146,10 @@ def export_hls4ml(model, output_dir, representative_data=None, input_bits=16,
         representative_data: inputs whose range sets the input type; without
             it inputs are `fixed<input_bits, 6>`.
         input_bits: width of the input type.
-        backend, io_type, converter_options: passed to hls4ml's
-            `convert_from_keras_model` (e.g. `part=`, `clock_period=`).
+        backend: passed to hls4ml's `convert_from_keras_model`.
+        io_type: passed to hls4ml's `convert_from_keras_model`.
+        converter_options: more arguments of hls4ml's `convert_from_keras_model`
+            (e.g. `part=`, `clock_period=`).
         compile: build the C++ emulation, so `predict` works at once.
 
     Returns:

@@ -111,17 +111,17 @@ class PrunableLayer:
 
     Example:
 
-    >>> import keras, kdist
-    >>> class Scale(keras.layers.Layer, kdist.sparsity.PrunableLayer):
-    ...     def build(self, input_shape):
-    ...         self.scale = self.add_weight(shape=input_shape[-1:], initializer="ones")
-    ...     def call(self, inputs):
-    ...         return inputs * self.scale
-    ...     def get_prunable_weights(self):
-    ...         return [self.scale]
-    >>> layer = kdist.sparsity.prune(Scale(), kdist.sparsity.ConstantSparsity(0.5, 0))
-    >>> tuple(layer(np.ones((1, 4))).shape)
-    (1, 4)
+        >>> import keras, kdist
+        >>> class Scale(keras.layers.Layer, kdist.sparsity.PrunableLayer):
+        ...     def build(self, input_shape):
+        ...         self.scale = self.add_weight(shape=input_shape[-1:], initializer="ones")
+        ...     def call(self, inputs):
+        ...         return inputs * self.scale
+        ...     def get_prunable_weights(self):
+        ...         return [self.scale]
+        >>> layer = kdist.sparsity.prune(Scale(), kdist.sparsity.ConstantSparsity(0.5, 0))
+        >>> tuple(layer(np.ones((1, 4))).shape)
+        (1, 4)
     """
 
     def get_prunable_weights(self):
@@ -141,8 +141,8 @@ def prune(model, schedule, skip=(), block_size=(1, 1), block_pooling_type="AVG",
         schedule: `ConstantSparsity` or `PolynomialDecay`.
         skip: layer names or layer classes to leave dense (the output layer,
             usually).
-        block_size, block_pooling_type: prune `(height, width)` blocks of 2-D
-            kernels together, ranked by their mean (`"AVG"`) or largest
+        block_size: prune `(height, width)` blocks of 2-D kernels together.
+        block_pooling_type: rank blocks by their mean (`"AVG"`) or largest
             (`"MAX"`) magnitude.
         sparsity_m_by_n: `(m, n)` for m zeros in every n consecutive
             input-channel weights, e.g. `(2, 4)`; the schedule then only says
@@ -154,13 +154,13 @@ def prune(model, schedule, skip=(), block_size=(1, 1), block_pooling_type="AVG",
 
     Example:
 
-    >>> import keras, kdist
-    >>> model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16),
-    ...                           keras.layers.Dense(1, name="out")])
-    >>> schedule = kdist.sparsity.PolynomialDecay(0.0, 0.8, begin_step=0, end_step=100)
-    >>> pruned = kdist.sparsity.prune(model, schedule, skip=["out"])
-    >>> [type(layer).__name__ for layer in pruned.layers]
-    ['PruneLowMagnitude', 'Dense']
+        >>> import keras, kdist
+        >>> model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16),
+        ...                           keras.layers.Dense(1, name="out")])
+        >>> schedule = kdist.sparsity.PolynomialDecay(0.0, 0.8, begin_step=0, end_step=100)
+        >>> pruned = kdist.sparsity.prune(model, schedule, skip=["out"])
+        >>> [type(layer).__name__ for layer in pruned.layers]
+        ['PruneLowMagnitude', 'Dense']
     """
     if not isinstance(schedule, PruningSchedule):
         raise TypeError("schedule must be a kdist.sparsity.PruningSchedule (ConstantSparsity, "

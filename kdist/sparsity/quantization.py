@@ -222,19 +222,22 @@ def quantize(model, bits=8, per_channel=True, activations=True, preserve_sparsit
 
     Args:
         model: a Sequential or functional model (a copy is returned), or a layer.
-        bits, per_channel, activations, preserve_sparsity, fixed_point: see
-            `QuantizeAware`.
+        bits: see `QuantizeAware`.
+        per_channel: see `QuantizeAware`.
+        activations: see `QuantizeAware`.
+        preserve_sparsity: see `QuantizeAware`.
+        fixed_point: see `QuantizeAware`.
         skip: layer names or classes to leave in float.
 
     Example:
 
-    >>> import keras, kdist
-    >>> model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4)])
-    >>> qmodel = kdist.sparsity.quantize(model, bits=4)
-    >>> exported = kdist.sparsity.export_quantized(qmodel)
-    >>> codes, scales = exported[qmodel.layers[0].base_layer.name]["kernel"]
-    >>> int(np.abs(codes).max()) <= 7
-    True
+        >>> import keras, kdist
+        >>> model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4)])
+        >>> qmodel = kdist.sparsity.quantize(model, bits=4)
+        >>> exported = kdist.sparsity.export_quantized(qmodel)
+        >>> codes, scales = exported[qmodel.layers[0].base_layer.name]["kernel"]
+        >>> int(np.abs(codes).max()) <= 7
+        True
     """
     bits = _check_bits(bits)
     if bridge.is_tf_keras(model):

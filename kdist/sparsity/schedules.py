@@ -150,12 +150,12 @@ class ConstantSparsity(_StepRange):
 
     Example:
 
-    >>> schedule = ConstantSparsity(0.5, begin_step=10, frequency=5)
-    >>> should, sparsity = schedule(10)
-    >>> bool(should), float(sparsity)
-    (True, 0.5)
-    >>> schedule.should_prune(12), schedule.sparsity(12)
-    (False, 0.5)
+        >>> schedule = ConstantSparsity(0.5, begin_step=10, frequency=5)
+        >>> should, sparsity = schedule(10)
+        >>> bool(should), float(sparsity)
+        (True, 0.5)
+        >>> schedule.should_prune(12), schedule.sparsity(12)
+        (False, 0.5)
     """
 
     def __init__(self, target_sparsity, begin_step, end_step=-1, frequency=100):
@@ -181,16 +181,18 @@ class PolynomialDecay(_StepRange):
     `end_step == begin_step` the final sparsity applies at once.
 
     Args:
-        initial_sparsity, final_sparsity: in [0, 1).
-        begin_step, end_step: the ramp; `end_step` may not precede `begin_step`.
+        initial_sparsity: the sparsity at `begin_step`, in [0, 1).
+        final_sparsity: the sparsity from `end_step` on, in [0, 1).
+        begin_step: where the ramp starts.
+        end_step: where the ramp ends; it may not precede `begin_step`.
         power: exponent of the ramp (3 is the usual choice).
         frequency: steps between mask updates.
 
     Example:
 
-    >>> schedule = PolynomialDecay(0.0, 0.8, begin_step=0, end_step=100, frequency=50)
-    >>> [round(schedule.sparsity(s), 3) for s in (0, 50, 100, 200)]
-    [0.0, 0.7, 0.8, 0.8]
+        >>> schedule = PolynomialDecay(0.0, 0.8, begin_step=0, end_step=100, frequency=50)
+        >>> [round(schedule.sparsity(s), 3) for s in (0, 50, 100, 200)]
+        [0.0, 0.7, 0.8, 0.8]
     """
 
     def __init__(self, initial_sparsity, final_sparsity, begin_step, end_step, power=3,

@@ -314,12 +314,12 @@ def strip(model):
 
     Example:
 
-    >>> import keras, kdist
-    >>> model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4)])
-    >>> pruned = kdist.sparsity.prune(model, kdist.sparsity.ConstantSparsity(0.5, 0))
-    >>> plain = kdist.sparsity.strip(pruned)
-    >>> [type(layer).__name__ for layer in plain.layers]
-    ['Dense']
+        >>> import keras, kdist
+        >>> model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4)])
+        >>> pruned = kdist.sparsity.prune(model, kdist.sparsity.ConstantSparsity(0.5, 0))
+        >>> plain = kdist.sparsity.strip(pruned)
+        >>> [type(layer).__name__ for layer in plain.layers]
+        ['Dense']
     """
     if bridge.is_tf_keras(model):
         return bridge.strip(model)
