@@ -9,7 +9,8 @@ Every oracle plugs into any `keras_tuner.Tuner` (`oracle=`); `KFoldTuner`
 scores trials by cross-validation.
 """
 
-from kdist.tune.compat import TESTED_KERAS_TUNER, warn_if_untested
+# compat comes first: importing it warns when keras-tuner is an untested version.
+from kdist.tune.compat import TESTED_KERAS_TUNER
 from kdist.tune.bayesian import BayesianOracle, expected_improvement
 from kdist.tune.bohb import BOHB, BOHBOracle
 from kdist.tune.distributed import Roles, clear_project, current_roles, search, trial_comm
@@ -17,8 +18,6 @@ from kdist.tune.genetic import GeneticOracle
 from kdist.tune.kfold import KFoldTuner, fold_indices
 from kdist.tune.pareto import NSGA2Oracle, ParEGOOracle, dominates, plot_front
 from kdist.tune.space import Encoding
-
-warn_if_untested()
 
 __all__ = [
     "BOHB", "BOHBOracle", "BayesianOracle", "Encoding", "GeneticOracle", "KFoldTuner",

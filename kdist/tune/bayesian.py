@@ -8,7 +8,7 @@ import numpy as np
 from scipy import optimize, stats
 
 from kdist.tune import storage
-from kdist.tune.compat import keep_seed, trial_number
+from kdist.tune.compat import keep_seed, random_values, trial_number
 from kdist.tune.space import Encoding, trial_response, unique_values
 
 logger = logging.getLogger(__name__)
@@ -58,10 +58,11 @@ class BayesianOracle(storage.WholeSaves, kt.Oracle):
     process's predicted mean ("kriging believer"), so concurrent requests get
     different proposals, and a proposal never repeats a trial.
 
+    `objective`, `max_trials`, `hyperparameters`, `allow_new_entries`,
+    `tune_new_entries`, `max_retries_per_trial` and
+    `max_consecutive_failed_trials` are as for any `keras_tuner.Oracle`.
+
     Args:
-        objective, max_trials, hyperparameters, allow_new_entries,
-        tune_new_entries, max_retries_per_trial, max_consecutive_failed_trials:
-            as for any `keras_tuner.Oracle`.
         num_initial_points: Sobol trials before the model takes over
             (default: 2 per dimension, at least 3, at most `max_trials // 3`
             once the search space is known).
@@ -71,8 +72,8 @@ class BayesianOracle(storage.WholeSaves, kt.Oracle):
 
     Example:
 
-    >>> import keras_tuner as kt
-    >>> oracle = BayesianOracle(objective=kt.Objective("val_loss", "min"), max_trials=30)
+        >>> import keras_tuner as kt
+        >>> oracle = BayesianOracle(objective=kt.Objective("val_loss", "min"), max_trials=30)
     """
 
     def __init__(self, objective=None, max_trials=30, num_initial_points=None, xi=0.01,
@@ -106,7 +107,7 @@ class BayesianOracle(storage.WholeSaves, kt.Oracle):
     def populate_space(self, trial_id):
         encoding = Encoding(self.hyperparameters, one_hot=True)
         if encoding.dimensions == 0:
-            return trial_response(self._random_values())
+            return trial_response(random_values(self))
         rng = np.random.default_rng([self.seed, trial_number(trial_id)])
         finished, scores, pending = self._data(encoding, trial_id)
         if len(finished) < max(2, self.initial_points(encoding.dimensions)):

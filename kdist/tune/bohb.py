@@ -33,7 +33,7 @@ import keras_tuner as kt
 import numpy as np
 
 from kdist.tune.bayesian import BayesianOracle
-from kdist.tune.compat import trial_number
+from kdist.tune.compat import ComparesValues, random_values, trial_number
 from kdist.tune.space import Encoding
 
 logger = logging.getLogger(__name__)
@@ -73,14 +73,15 @@ def iteration_epochs(max_epochs, factor):
     return total
 
 
-class BOHBOracle(BayesianOracle):
+class BOHBOracle(ComparesValues, BayesianOracle):
     """Hyperband brackets with asynchronous promotion, new configurations from a
     Gaussian process over the hyper-parameters and the budget.
 
+    `objective`, `hyperparameters`, `allow_new_entries`, `tune_new_entries`,
+    `max_retries_per_trial` and `max_consecutive_failed_trials` are as for
+    any `keras_tuner.Oracle`.
+
     Args:
-        objective, hyperparameters, allow_new_entries, tune_new_entries,
-        max_retries_per_trial, max_consecutive_failed_trials: as for any
-            `keras_tuner.Oracle`.
         max_epochs: epochs of a fully trained model.
         factor: budget ratio between rounds, and the share (`1 / factor`) of a
             round that is promoted (at least 2).
@@ -93,15 +94,16 @@ class BOHBOracle(BayesianOracle):
         min_points: finished trials (at any budget) before the model takes
             over (default: one more than the search space's dimensions, at
             least 3).
-        xi, candidates: as for `BayesianOracle`.
+        xi: as for `BayesianOracle`.
+        candidates: as for `BayesianOracle`.
         seed: makes a search reproducible.
 
     Example:
 
-    >>> import keras_tuner as kt
-    >>> oracle = BOHBOracle(objective=kt.Objective("val_loss", "min"), max_epochs=27)
-    >>> oracle.budget  # one Hyperband iteration's epochs
-    375
+        >>> import keras_tuner as kt
+        >>> oracle = BOHBOracle(objective=kt.Objective("val_loss", "min"), max_epochs=27)
+        >>> oracle.budget  # one Hyperband iteration's epochs
+        375
     """
 
     def __init__(self, objective=None, max_epochs=100, factor=3, budget=None,
@@ -148,9 +150,9 @@ class BOHBOracle(BayesianOracle):
 
     # Promoted trials repeat their parent's values with other tuner/* keys: a
     # configuration is a duplicate whatever budget it ran at.
-    def _compute_values_hash(self, values):
-        return super()._compute_values_hash(
-            {k: v for k, v in values.items() if not k.startswith("tuner/")})
+    def compared_values(self, values):
+        """The values that make a configuration, without its budget (`tuner/*`)."""
+        return {k: v for k, v in values.items() if not k.startswith("tuner/")}
 
     # keras-tuner's hook: one call per new trial.
     def populate_space(self, trial_id):
@@ -234,7 +236,7 @@ class BOHBOracle(BayesianOracle):
     def _new_configuration(self, trial_id):
         encoding = Encoding(self.hyperparameters, one_hot=True)
         if encoding.dimensions == 0:
-            return self._random_values()
+            return random_values(self)
         rng = np.random.default_rng([self.seed, trial_number(trial_id)])
         least = self.min_points or max(3, encoding.dimensions + 1)
         inputs, scores, pending, budgets = self._observations(encoding)
@@ -297,27 +299,28 @@ class BOHB(kt.Hyperband):
     promoted trial loads its parent's best checkpoint and trains on from
     `initial_epoch`); only the oracle differs.
 
+    `objective`, `max_epochs`, `factor`, `budget`, `hyperband_iterations`,
+    `seed`, `random_fraction`, `hyperparameters`, `tune_new_entries`,
+    `allow_new_entries`, `max_retries_per_trial` and
+    `max_consecutive_failed_trials` are as for `BOHBOracle`.
+
     Args:
         hypermodel: a `keras_tuner.HyperModel` or a function `hp -> model`.
-        objective, max_epochs, factor, budget, hyperband_iterations, seed,
-        random_fraction, hyperparameters, tune_new_entries, allow_new_entries,
-        max_retries_per_trial, max_consecutive_failed_trials: as for
-            `BOHBOracle`.
         **kwargs: any `keras_tuner.Tuner` argument (`directory`,
             `project_name`, `overwrite`, ...).
 
     Example:
 
-    >>> import keras, keras_tuner as kt
-    >>> def build(hp):
-    ...     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
-    ...     model.compile(keras.optimizers.SGD(hp.Float("lr", 1e-3, 1e-1, sampling="log")),
-    ...                   "mse")
-    ...     return model
-    >>> tuner = BOHB(build, objective="val_loss", max_epochs=9, budget=20,
-    ...              directory=__import__("tempfile").mkdtemp())
-    >>> tuner.oracle.brackets
-    3
+        >>> import keras, keras_tuner as kt
+        >>> def build(hp):
+        ...     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+        ...     model.compile(keras.optimizers.SGD(hp.Float("lr", 1e-3, 1e-1, sampling="log")),
+        ...                   "mse")
+        ...     return model
+        >>> tuner = BOHB(build, objective="val_loss", max_epochs=9, budget=20,
+        ...              directory=__import__("tempfile").mkdtemp())
+        >>> tuner.oracle.brackets
+        3
     """
 
     def __init__(self, hypermodel=None, objective=None, max_epochs=100, factor=3, budget=None,

@@ -7,7 +7,7 @@ import keras_tuner as kt
 import numpy as np
 
 from kdist.tune import operators, storage
-from kdist.tune.compat import keep_seed, trial_number
+from kdist.tune.compat import is_duplicate, keep_seed, random_values, trial_number
 from kdist.tune.space import Encoding, trial_response
 
 logger = logging.getLogger(__name__)
@@ -35,10 +35,11 @@ class GeneticOracle(storage.WholeSaves, kt.Oracle):
     `steady_state=True` every request gets a child of the best
     `population_size` trials finished so far, with no generations at all.
 
+    `objective`, `max_trials`, `hyperparameters`, `allow_new_entries`,
+    `tune_new_entries`, `max_retries_per_trial` and
+    `max_consecutive_failed_trials` are as for any `keras_tuner.Oracle`.
+
     Args:
-        objective, max_trials, hyperparameters, allow_new_entries,
-        tune_new_entries, max_retries_per_trial, max_consecutive_failed_trials:
-            as for any `keras_tuner.Oracle`.
         population_size: individuals per generation (at least 2); by default
             `sqrt(max_trials / 8)` within [4, 16], so that the search lives
             for many generations.
@@ -51,11 +52,11 @@ class GeneticOracle(storage.WholeSaves, kt.Oracle):
 
     Example:
 
-    >>> import keras_tuner as kt
-    >>> oracle = GeneticOracle(objective=kt.Objective("loss", "min"), max_trials=40,
-    ...                        population_size=8, seed=1)
-    >>> oracle.planned_generations  # 8 random, then 6 children (2 elites) per generation
-    7
+        >>> import keras_tuner as kt
+        >>> oracle = GeneticOracle(objective=kt.Objective("loss", "min"), max_trials=40,
+        ...                        population_size=8, seed=1)
+        >>> oracle.planned_generations  # 8 random, then 6 children (2 elites) per generation
+        7
     """
 
     def __init__(self, objective=None, max_trials=64, population_size=None, generations=None,
@@ -113,7 +114,7 @@ class GeneticOracle(storage.WholeSaves, kt.Oracle):
         encoding = Encoding(self.hyperparameters)
         rng = np.random.default_rng([self.seed, trial_number(trial_id)])
         if encoding.dimensions == 0:
-            return trial_response(self._random_values())
+            return trial_response(random_values(self))
         if self.steady_state:
             return self._steady(trial_id, encoding, rng)
         wanted = self.population_size if self.generation == 0 else self.brood_size
@@ -170,12 +171,12 @@ class GeneticOracle(storage.WholeSaves, kt.Oracle):
         """The genes' values, mutated further (then random) until no trial has them."""
         for attempt in range(20):
             values = encoding.decode(genes)
-            if not self._duplicate(values):
+            if not is_duplicate(self, values):
                 return values
             genes = operators.nonuniform_mutation(genes, generation if attempt < 10 else 0,
                                                   self.planned_generations, rng, max(rate, 0.5),
                                                   encoding.categorical)
-        return self._random_values()
+        return random_values(self)
 
     def _ranked(self, trial_ids):
         """Individuals for the finished, scored trials among `trial_ids`, best first."""

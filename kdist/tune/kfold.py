@@ -6,7 +6,7 @@ import keras_tuner as kt
 import numpy as np
 
 from kdist.comm import processes
-from kdist.tune import distributed, storage, watch
+from kdist.tune import compat, distributed, storage, watch
 
 logger = logging.getLogger(__name__)
 
@@ -18,8 +18,10 @@ def fold_indices(y, folds, stratified=None, shuffle=True, seed=0, rows=None):
     None and `y` holds class labels (binary, multiclass, or one-hot rows):
     every fold then keeps the class proportions.
 
-    >>> [v.tolist() for _, v in fold_indices(np.array([0, 0, 1, 1]), 2, shuffle=False)]
-    [[0, 2], [1, 3]]
+    Example:
+
+        >>> [v.tolist() for _, v in fold_indices(np.array([0, 0, 1, 1]), 2, shuffle=False)]
+        [[0, 2], [1, 3]]
     """
     from sklearn.model_selection import KFold, StratifiedKFold
     from sklearn.utils.multiclass import type_of_target
@@ -86,26 +88,27 @@ class KFoldTuner(kt.Tuner):
         oracle: any `keras_tuner.Oracle`.
         folds: K, at least 2.
         stratified: None to decide from the labels, or True / False.
-        shuffle, split_seed: how rows are dealt to folds; the split is the
-            same for every trial, so trials are compared on the same folds.
+        shuffle: deal rows to folds at random; the split is the same for
+            every trial, so trials are compared on the same folds.
+        split_seed: the seed of that random split.
         **kwargs: `directory`, `project_name`, `overwrite`, ... as for any tuner.
 
     Example:
 
-    >>> import keras, keras_tuner as kt, kdist.tune
-    >>> def build(hp):
-    ...     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(
-    ...         hp.Int("units", 4, 16, step=4), activation="relu"), keras.layers.Dense(1)])
-    ...     model.compile("adam", "mse")
-    ...     return model
-    >>> oracle = kdist.tune.GeneticOracle(objective="val_loss", max_trials=2,
-    ...                                   population_size=2, seed=0)
-    >>> tuner = kdist.tune.KFoldTuner(build, oracle=oracle, folds=2, directory=workdir,
-    ...                               project_name="doc")
-    >>> x = np.random.default_rng(0).normal(size=(60, 4)); y = x.sum(axis=1)
-    >>> tuner.search(x, y, epochs=1, verbose=0)
-    >>> sorted(tuner.oracle.get_best_trials(1)[0].metrics.metrics)[:3]
-    ['val_loss', 'val_loss_fold_0', 'val_loss_fold_1']
+        >>> import keras, keras_tuner as kt, kdist.tune
+        >>> def build(hp):
+        ...     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(
+        ...         hp.Int("units", 4, 16, step=4), activation="relu"), keras.layers.Dense(1)])
+        ...     model.compile("adam", "mse")
+        ...     return model
+        >>> oracle = kdist.tune.GeneticOracle(objective="val_loss", max_trials=2,
+        ...                                   population_size=2, seed=0)
+        >>> tuner = kdist.tune.KFoldTuner(build, oracle=oracle, folds=2, directory=workdir,
+        ...                               project_name="doc")
+        >>> x = np.random.default_rng(0).normal(size=(60, 4)); y = x.sum(axis=1)
+        >>> tuner.search(x, y, epochs=1, verbose=0)
+        >>> sorted(tuner.oracle.get_best_trials(1)[0].metrics.metrics)[:3]
+        ['val_loss', 'val_loss_fold_0', 'val_loss_fold_1']
     """
 
     # Read by kdist.tune.distributed: this tuner splits, broadcasts and scores folds itself.
@@ -177,7 +180,7 @@ class KFoldTuner(kt.Tuner):
 
     def _run_fold(self, trial, x, y, sample_weight, train, held_out, fit_kwargs, roles=None):
         hp = trial.hyperparameters
-        model = self._try_build(hp)
+        model = compat.build_model(self, hp)
         if roles is not None and roles.workers_per_fold > 1:
             # The fold team trains one model data-parallel: same start, averaged
             # gradients, equal shares of the fold's rows.
@@ -236,4 +239,4 @@ class KFoldTuner(kt.Tuner):
         return super().search(*fit_args, **fit_kwargs)
 
     def save_model(self, trial_id, model, step=0):
-        model.save_weights(self._get_checkpoint_fname(trial_id))
+        model.save_weights(compat.checkpoint_path(self, trial_id))

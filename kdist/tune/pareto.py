@@ -17,7 +17,7 @@ from deap import base, tools
 
 from kdist.tune import storage
 from kdist.tune.bayesian import BayesianOracle
-from kdist.tune.compat import keep_seed, trial_number
+from kdist.tune.compat import keep_seed, random_values, trial_number
 from kdist.tune.space import Encoding, trial_response, unique_values
 
 _COMPLETED = kt.engine.trial.TrialStatus.COMPLETED
@@ -189,26 +189,29 @@ class NSGA2Oracle(ParetoTrials, storage.WholeSaves, kt.Oracle):
     one child from two of them picked by `selTournamentDCD`. Unordered
     choices are inherited from either parent and resampled on mutation.
 
+    `max_trials`, `hyperparameters`, `allow_new_entries`, `tune_new_entries`,
+    `max_retries_per_trial` and `max_consecutive_failed_trials` are as for
+    any `keras_tuner.Oracle`.
+
     Args:
         objective: a list of at least two objectives (`keras_tuner.Objective`
             or names whose direction keras-tuner can infer).
-        max_trials, hyperparameters, allow_new_entries, tune_new_entries,
-        max_retries_per_trial, max_consecutive_failed_trials: as for any
-            `keras_tuner.Oracle`.
         population_size: parents kept (at least 4, as DEAP's tournament
             needs).
-        crossover_eta, mutation_eta: distribution indices of the crossover and
-            the mutation (larger: children nearer their parents).
+        crossover_eta: distribution index of the crossover (larger: children
+            nearer their parents).
+        mutation_eta: distribution index of the mutation (larger: mutants
+            nearer their parents).
         mutation_rate: chance that each gene mutates (default: 1 / genes).
         seed: makes a search reproducible.
 
     Example:
 
-    >>> import keras_tuner as kt
-    >>> oracle = NSGA2Oracle(objective=[kt.Objective("val_accuracy", "max"),
-    ...                                 kt.Objective("parameters", "min")], max_trials=40)
-    >>> oracle.population_size
-    8
+        >>> import keras_tuner as kt
+        >>> oracle = NSGA2Oracle(objective=[kt.Objective("val_accuracy", "max"),
+        ...                                 kt.Objective("parameters", "min")], max_trials=40)
+        >>> oracle.population_size
+        8
     """
 
     def __init__(self, objective=None, max_trials=64, population_size=8, crossover_eta=15.0,
@@ -239,7 +242,7 @@ class NSGA2Oracle(ParetoTrials, storage.WholeSaves, kt.Oracle):
         encoding = Encoding(self.hyperparameters)
         rng = np.random.default_rng([self.seed, trial_number(trial_id)])
         if encoding.dimensions == 0:
-            return trial_response(self._random_values())
+            return trial_response(random_values(self))
         members = self._members([t for t in self.trials if t != trial_id])
         if len(members) < self.population_size:
             return trial_response(unique_values(self, encoding, encoding.random(rng), rng))
@@ -292,9 +295,9 @@ class ParEGOOracle(ParetoTrials, BayesianOracle):
 
     Example:
 
-    >>> import keras_tuner as kt
-    >>> oracle = ParEGOOracle(objective=[kt.Objective("val_loss", "min"),
-    ...                                  kt.Objective("latency", "min")], max_trials=30)
+        >>> import keras_tuner as kt
+        >>> oracle = ParEGOOracle(objective=[kt.Objective("val_loss", "min"),
+        ...                                  kt.Objective("latency", "min")], max_trials=30)
     """
 
     def __init__(self, objective=None, **kwargs):

@@ -14,6 +14,8 @@ import keras_tuner as kt
 import numpy as np
 from keras_tuner.engine import hyperparameters as hp_module
 
+from kdist.tune import compat
+
 
 def trial_response(values):
     """What an oracle's `populate_space` returns for `values` (None: the search is over)."""
@@ -27,10 +29,10 @@ def unique_values(oracle, encoding, vector, rng):
     random values (None when the space is exhausted) after 20 tries."""
     for _ in range(20):
         values = encoding.decode(vector)
-        if not oracle._duplicate(values):
+        if not compat.is_duplicate(oracle, values):
             return values
         vector = np.clip(vector + rng.normal(scale=0.05, size=vector.shape), 0.0, 1.0)
-    return oracle._random_values()
+    return compat.random_values(oracle)
 
 
 def _is_categorical(hp):

@@ -21,6 +21,7 @@ import os
 import numpy as np
 
 from kdist._files import write_atomically
+from kdist.tune import compat
 
 
 def write_json(path, obj):
@@ -30,9 +31,7 @@ def write_json(path, obj):
     """
     path = os.fspath(path)
     if "://" in path:
-        from keras_tuner.src import utils
-
-        return utils.save_json(path, obj)
+        return compat.save_json(path, obj)
     text = json.dumps(obj, default=_plain)
     write_atomically(path, lambda stream: stream.write(text), binary=False, suffix=".json")
     return text
@@ -55,27 +54,27 @@ def order_trials(oracle):
 
 
 def save_oracle(oracle):
-    write_json(oracle._get_oracle_fname(), oracle.get_state())
+    write_json(compat.oracle_file(oracle), oracle.get_state())
 
 
 def save_trial(oracle, trial):
-    write_json(os.path.join(oracle._get_trial_dir(trial.trial_id), "trial.json"),
+    write_json(os.path.join(compat.trial_directory(oracle, trial.trial_id), "trial.json"),
                trial.get_state())
 
 
 def save_tuner(tuner):
-    if not tuner._is_worker():
+    if not compat.is_worker(tuner):
         tuner.oracle.save()
-    write_json(tuner._get_tuner_fname(), tuner.get_state())
+    write_json(compat.tuner_file(tuner), tuner.get_state())
 
 
-class WholeSaves:
+class WholeSaves(compat.SavesTrialsThrough):
     """Mixin for a `keras_tuner.Oracle`: whole-file saves, creation-ordered reloads."""
 
     def save(self):
         save_oracle(self)
 
-    def _save_trial(self, trial):
+    def write_trial(self, trial):
         save_trial(self, trial)
 
     def reload(self):
@@ -95,11 +94,11 @@ def forget_finished_retries(oracle):
     """
     finished = ("COMPLETED", "FAILED")
     queue = []
-    for trial_id in oracle._retry_queue:
+    for trial_id in compat.retry_queue(oracle):
         trial = oracle.trials.get(trial_id)
         if trial is not None and trial.status not in finished and trial_id not in queue:
             queue.append(trial_id)
-    oracle._retry_queue = queue
+    compat.set_retry_queue(oracle, queue)
 
 
 def make_saves_whole(tuner):
@@ -107,5 +106,5 @@ def make_saves_whole(tuner):
     oracle = tuner.oracle
     if not isinstance(oracle, WholeSaves):
         oracle.save = functools.partial(save_oracle, oracle)
-        oracle._save_trial = functools.partial(save_trial, oracle)
+        compat.route_trial_saves(oracle, functools.partial(save_trial, oracle))
     tuner.save = functools.partial(save_tuner, tuner)

@@ -19,7 +19,8 @@ import threading
 import time
 
 import keras_tuner as kt
-from keras_tuner.src.engine import metrics_tracking
+
+from kdist.tune import compat
 
 logger = logging.getLogger(__name__)
 
@@ -59,22 +60,22 @@ class GroupWatch:
 
     Example:
 
-    >>> import keras_tuner as kt
-    >>> oracle = kt.oracles.RandomSearchOracle(kt.Objective("loss", "min"), max_trials=2)
-    >>> oracle._set_project_dir(workdir, "watch")
-    >>> oracle.verbose = 0
-    >>> oracle.hyperparameters.Float("x", 0, 1)  # doctest: +ELLIPSIS
-    0...
-    >>> now = [0.0]
-    >>> watch = GroupWatch(oracle, lost_after=10, clock=lambda: now[0])
-    >>> first = watch.create_trial("group0")
-    >>> now[0] = 11.0
-    >>> watch.check()
-    ['group0']
-    >>> watch.create_trial("group1").trial_id == first.trial_id
-    True
-    >>> watch.create_trial("group0").status
-    'STOPPED'
+        >>> import keras_tuner as kt
+        >>> oracle = kt.oracles.RandomSearchOracle(kt.Objective("loss", "min"), max_trials=2)
+        >>> compat.set_project_dir(oracle, workdir, "watch")
+        >>> oracle.verbose = 0
+        >>> oracle.hyperparameters.Float("x", 0, 1)  # doctest: +ELLIPSIS
+        0...
+        >>> now = [0.0]
+        >>> watch = GroupWatch(oracle, lost_after=10, clock=lambda: now[0])
+        >>> first = watch.create_trial("group0")
+        >>> now[0] = 11.0
+        >>> watch.check()
+        ['group0']
+        >>> watch.create_trial("group1").trial_id == first.trial_id
+        True
+        >>> watch.create_trial("group0").status
+        'STOPPED'
     """
 
     def __init__(self, oracle, lost_after=60.0, trial_timeout=None, clock=time.monotonic):
@@ -171,10 +172,10 @@ class GroupWatch:
             trial = trial or self.oracle.trials[held[0]]
             trial.status = _STATUS.INVALID
             trial.message = f"{tuner_id} was given up on: {reason}"
-            trial.metrics = metrics_tracking.MetricsTracker()
+            trial.metrics = compat.empty_metrics()
             # keras-tuner's queue pops from the end: this trial runs next.
-            self.oracle._retry_queue.append(trial.trial_id)
-            self.oracle._save_trial(trial)
+            compat.retry_next(self.oracle, trial.trial_id)
+            compat.save_trial(self.oracle, trial)
             self.oracle.save()
             logger.warning("giving up on %s (%s); trial %s goes back to the queue", tuner_id,
                            reason, trial.trial_id)
@@ -216,7 +217,6 @@ class GroupWatch:
         if trial_id in self.oracle.end_order:
             logger.info("a late report on trial %s, which has ended, is dropped", trial_id)
             return False
-        if trial_id in self.oracle._retry_queue:
-            # A group given up on came back with it before anyone else took it.
-            self.oracle._retry_queue.remove(trial_id)
+        # A group given up on may come back with it before anyone else took it.
+        compat.unqueue_retry(self.oracle, trial_id)
         return True
