@@ -21,6 +21,30 @@ gives up on a group that has been silent for `lost_after` seconds (its
 process died, or it hangs) and has another group run its trial
 (`kdist.tune.watch`); under MPI's fault tolerance (`kdist run
 --fault-tolerant`) the search then finishes on the groups that are left.
+
+How a trial travels (gRPC between the leaders and rank 0, MPI messages
+inside a group and to rank 0)::
+
+    rank 0: oracle + GroupWatch behind keras-tuner's oracle service
+       ^  |         ^                   ^
+       |  | trial   | heartbeat         | DONE (MPI, when the group stops)
+       |  v         | (every few s)     |
+    group leader (each group's first rank): tuner.search as a keras-tuner worker
+       |   asks for a trial, reports its metrics and its end
+       |
+       | TRIAL: the trial's state, or "stop" (MPI)
+       v
+    followers: run_trial on the same trial, no oracle of their own
+       |
+       +--> allgather of every rank's outcome; the leader reports it
+
+    rank 0, once every group is done or given up on:
+       FINISHED (MPI) --> every rank, which then reloads the finished search
+
+The leader's and followers' parts come from subclasses of the tuner's own
+class (`run_trial` wrapped, the oracle client put in front of the oracle,
+followers' checkpoints kept apart), which the tuner takes on for the search
+only; so does the environment keras-tuner's workers read.
 """
 
 import contextlib
@@ -33,7 +57,7 @@ from concurrent import futures
 import keras_tuner as kt
 
 from kdist.comm import p2p, processes
-from kdist.tune import storage, watch
+from kdist.tune import compat, storage, watch
 
 logger = logging.getLogger(__name__)
 
@@ -189,15 +213,12 @@ def search(tuner, *fit_args, folds_per_group=1, workers_per_fold=1, comm=None,
 
 def _start_service(tuner, roles, lost_after, trial_timeout):
     import grpc
-    from keras_tuner.src import protos
-    from keras_tuner.src.distribute import oracle_chief
 
     local = processes.local_size() == roles.comm.size
     host = "127.0.0.1" if local else socket.gethostbyname(socket.gethostname())
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=max(2, roles.groups)))
     roles.watch = watch.GroupWatch(tuner.oracle, lost_after, trial_timeout)
-    protos.get_service_grpc().add_OracleServicer_to_server(
-        oracle_chief.OracleServicer(roles.watch), server)
+    compat.serve_oracle(roles.watch, server)
     port = server.add_insecure_port(f"{'127.0.0.1' if local else '0.0.0.0'}:0")
     if not port:
         raise RuntimeError("Could not open a port for keras-tuner's oracle service.")
@@ -267,9 +288,7 @@ class _PatientClient:
     """
 
     def __init__(self, oracle, comm):
-        from keras_tuner.src.distribute import oracle_client
-
-        self._client = oracle_client.OracleClient(oracle)
+        self._client = compat.oracle_client(oracle)
         self._local, self._comm = oracle, comm
 
     def __getattr__(self, name):
@@ -308,12 +327,7 @@ class _PatientClient:
     def beat(self, tuner_id, trial_id, timeout):
         """Tells the oracle this group still runs `trial_id`; False if the
         oracle has given the trial to another group meanwhile."""
-        from keras_tuner.src import protos
-
-        request = protos.get_service().GetTrialRequest(trial_id=watch.beat_id(tuner_id,
-                                                                               trial_id))
-        response = self._client.stub.GetTrial(request, timeout=timeout)
-        trial = kt.engine.trial.Trial.from_proto(response.trial)
+        trial = compat.ask_for_trial(self._client, watch.beat_id(tuner_id, trial_id), timeout)
         return trial.status != kt.engine.trial.TrialStatus.STOPPED
 
 
@@ -395,28 +409,98 @@ def _beating(client, tuner_id, trial_id, lost_after):
     return _every(interval, beat, f"kdist-beat-{tuner_id}")
 
 
-def _lead(tuner, roles, address, lost_after, fit_args, fit_kwargs):
-    saved_environment = {name: os.environ.get(name) for name in _ENVIRONMENT}
-    os.environ.update(KERASTUNER_ORACLE_IP=address[0], KERASTUNER_ORACLE_PORT=str(address[1]),
-                      KERASTUNER_TUNER_ID=f"group{roles.group}")
-    oracle, run_trial = tuner.oracle, tuner.run_trial
-    tuner.oracle = _PatientClient(oracle, roles.comm)
-    tuner.tuner_id = f"group{roles.group}"
+class _Part:
+    """What this rank's part of the running search needs (one search per process)."""
 
-    def lead_trial(trial, *args, **kwargs):
+    def __init__(self, roles, tuner_id=None, lost_after=None, scratch=None):
+        self.roles, self.tuner_id, self.lost_after = roles, tuner_id, lost_after
+        self.scratch = scratch  # a follower's own checkpoint directory
+        self.client = None  # a leader's _PatientClient
+
+
+_part = None
+_subclasses = {}
+
+
+class _Leading:
+    """A group leader's tuner: asks rank 0's oracle service for trials, hands
+    each to its group and sends heartbeats while the group trains it."""
+
+
+    @property
+    def oracle(self):
+        return _part.client
+
+    @property
+    def tuner_id(self):
+        return _part.tuner_id
+
+    def run_trial(self, trial, *args, **kwargs):
+        roles = _part.roles
         try:
             _tell_group(roles, ("trial", trial.get_state()))
-            with _beating(tuner.oracle, tuner.tuner_id, trial.trial_id, lost_after):
-                return _run_together(roles, run_trial, trial, args, kwargs)
+            with _beating(_part.client, _part.tuner_id, trial.trial_id, _part.lost_after):
+                return _run_together(roles, self, super().run_trial, trial, args, kwargs)
         except Exception as error:
             if _lost_a_rank(error):
                 raise _GroupBroken(f"group {roles.group} lost a rank during trial "
                                    f"{trial.trial_id}: {error}") from error
             raise
 
-    tuner.run_trial = lead_trial
+
+class _Following(compat.CheckpointsThrough):
+    """A follower's tuner: its checkpoints go to a directory of its own, so
+    that two ranks never write one file (the leader's copy is the trial's)."""
+
+
+    def checkpoint_file(self, trial_id):
+        return os.path.join(_part.scratch, f"trial_{trial_id}.weights.h5")
+
+
+def _subclass(cls, part):
+    """`cls` playing `part` (a mixin placed first, so that its methods wrap the
+    tuner's own, user overrides included); made once per class."""
+    key = (part, cls)
+    if key not in _subclasses:
+        _subclasses[key] = type(f"{cls.__name__}{part.__name__}", (part, cls),
+                                {"__module__": cls.__module__})
+    return _subclasses[key]
+
+
+@contextlib.contextmanager
+def _playing(tuner, mixin, part, environment=None):
+    """For the block, `tuner` is of its class's `mixin` subclass, `part` is the
+    search's state and `environment` is set; afterwards all is as it was,
+    error or not: nothing of the search stays on the tuner or in `os.environ`."""
+    global _part
+    own = type(tuner)
+    saved = {name: os.environ.get(name) for name in _ENVIRONMENT}
     try:
-        tuner.search(*fit_args, **fit_kwargs)
+        os.environ.update(environment or {})
+        _part = part
+        tuner.__class__ = _subclass(own, mixin)
+        yield part
+    finally:
+        tuner.__class__ = own
+        _part = None
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def _lead(tuner, roles, address, lost_after, fit_args, fit_kwargs):
+    tuner_id = f"group{roles.group}"
+    oracle = tuner.oracle
+    # keras-tuner's documented settings for a worker: its client finds the
+    # service there, and the tuner leaves the oracle's files to rank 0.
+    environment = dict(KERASTUNER_ORACLE_IP=address[0], KERASTUNER_ORACLE_PORT=str(address[1]),
+                       KERASTUNER_TUNER_ID=tuner_id)
+    try:
+        with _playing(tuner, _Leading, _Part(roles, tuner_id, lost_after), environment) as part:
+            part.client = _PatientClient(oracle, roles.comm)
+            tuner.search(*fit_args, **fit_kwargs)
     except _GroupBroken as error:
         # The oracle hears of it by this group's end while it holds a trial.
         logger.warning("%s; the group leaves the search, and its trial goes to another "
@@ -424,46 +508,34 @@ def _lead(tuner, roles, address, lost_after, fit_args, fit_kwargs):
     finally:
         _tell_group(roles, ("stop", None))
         p2p.send_object(roles.comm, 0, roles.group, DONE_TAG)
-        tuner.oracle, tuner.run_trial = oracle, run_trial
-        del tuner.run_trial  # back to the class's method
-        for name, value in saved_environment.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
-@contextlib.contextmanager
-def _team_starts_alike(run_trial, roles):
-    """Makes a stock tuner's data-parallel team train each trial from one set of weights.
+def _with_team_start(roles, tuner, kwargs):
+    """`run_trial`'s keyword arguments, with a broadcast from the team's first
+    rank in front of the `callbacks` keras-tuner passes on to `fit`.
 
     `KFoldTuner` broadcasts each fold's model itself; any other tuner's
-    hypermodel builds one model per rank, with each rank's own random
-    initialisation, so its `fit` gets a broadcast from the team's first rank.
+    hypermodel builds one model per rank, each with its own random
+    initialisation, so a data-parallel team would not start alike.
     """
-    tuner = getattr(run_trial, "__self__", None)
-    hypermodel = getattr(tuner, "hypermodel", None)
-    if (roles.team_comm.size == 1 or getattr(tuner, "trains_folds", False)
-            or hypermodel is None):
-        yield
-        return
+    if roles.team_comm.size == 1 or getattr(tuner, "trains_folds", False):
+        return kwargs
+    kwargs = dict(kwargs)
+    kwargs["callbacks"] = [_team_broadcast(roles.team_comm)] + list(
+        kwargs.get("callbacks") or [])
+    return kwargs
+
+
+def _team_broadcast(comm):
     from kdist.callbacks.broadcast import BroadcastGlobalVariablesCallback
 
-    fit, own = hypermodel.fit, vars(hypermodel).get("fit")
+    class TeamBroadcast(BroadcastGlobalVariablesCallback):
+        # keras-tuner deep-copies a search's callbacks for every execution; the
+        # copy must keep the team's communicator, not duplicate it.
+        def __deepcopy__(self, memo):
+            return TeamBroadcast(self.root_rank, comm=comm)
 
-    def fit_from_one_start(hp, model, *args, **kwargs):
-        callbacks = list(kwargs.pop("callbacks", None) or [])
-        callbacks.insert(0, BroadcastGlobalVariablesCallback(0, comm=roles.team_comm))
-        return fit(hp, model, *args, callbacks=callbacks, **kwargs)
-
-    hypermodel.fit = fit_from_one_start
-    try:
-        yield
-    finally:
-        if own is None:
-            del hypermodel.fit  # back to the class's method
-        else:
-            hypermodel.fit = own
+    return TeamBroadcast(0, comm=comm)
 
 
 def _tell_group(roles, message):
@@ -480,39 +552,34 @@ def _follow(tuner, roles, fit_args, fit_kwargs):
     import shutil
     import tempfile
 
-    # The leader saves the trial's checkpoint; this rank's copy goes elsewhere,
-    # so that two ranks never write one file.
-    private = tempfile.mkdtemp(prefix="kdist-tune-")
-    tuner._get_checkpoint_fname = lambda trial_id: os.path.join(
-        private, f"trial_{trial_id}.weights.h5")
+    scratch = tempfile.mkdtemp(prefix="kdist-tune-")
     try:
-        while True:
-            # Polled, not a collective: the leader may wait long for the oracle.
-            found, message = p2p.try_recv_object(roles.group_comm, 0, TRIAL_TAG)
-            if not found:
-                time.sleep(0.05)
-                continue
-            kind, state = message
-            if kind == "stop":
-                return
-            trial = kt.engine.trial.Trial.from_state(state)
-            _run_together(roles, tuner.run_trial, trial, fit_args, fit_kwargs)
+        with _playing(tuner, _Following, _Part(roles, scratch=scratch)):
+            while True:
+                # Polled, not a collective: the leader may wait long for the oracle.
+                found, message = p2p.try_recv_object(roles.group_comm, 0, TRIAL_TAG)
+                if not found:
+                    time.sleep(0.05)
+                    continue
+                kind, state = message
+                if kind == "stop":
+                    return
+                trial = kt.engine.trial.Trial.from_state(state)
+                _run_together(roles, tuner, tuner.run_trial, trial, fit_args, fit_kwargs)
     except Exception as error:
         if not _lost_a_rank(error):
             raise
         logger.warning("group %d lost a rank (%s); this rank leaves the search", roles.group,
                        error)
     finally:
-        del tuner._get_checkpoint_fname
-        shutil.rmtree(private, ignore_errors=True)
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _run_together(roles, run_trial, trial, args, kwargs):
+def _run_together(roles, tuner, run_trial, trial, args, kwargs):
     """Runs the trial here, then lets every rank of the group know how it went."""
     result, error = None, None
     try:
-        with _team_starts_alike(run_trial, roles):
-            result = run_trial(trial, *args, **kwargs)
+        result = run_trial(trial, *args, **_with_team_start(roles, tuner, kwargs))
     except Exception as caught:  # reported to the oracle by the group's leader
         error = caught
     outcomes = roles.group_comm.allgather_object(
