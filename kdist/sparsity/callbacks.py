@@ -44,7 +44,8 @@ class UpdatePruning(keras.callbacks.Callback):
 
         >>> import keras, kdist
         >>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8)])
-        >>> model = kdist.sparsity.prune(model, kdist.sparsity.ConstantSparsity(0.5, 0, frequency=1))
+        >>> model = kdist.sparsity.prune(
+        ...     model, kdist.sparsity.ConstantSparsity(0.5, 0, frequency=1))
         >>> model.compile("sgd", "mse")
         >>> _ = model.fit(np.ones((8, 4)), np.ones((8, 8)), verbose=0,
         ...               callbacks=[kdist.sparsity.UpdatePruning()])
