@@ -4,6 +4,7 @@
     kdist run -n 2 -- hostname              # any command
     kdist launch -n 2 train.py              # 2 local TensorFlow workers with TF_CONFIG
     kdist info                              # versions, MPI, ranks, threads, devices
+    kdist docs                              # build the docs site into site/
 """
 
 import argparse
@@ -286,6 +287,65 @@ def placement_advice(everyone):
     return advice
 
 
+# What `kdist docs` imports, and the distribution that brings each.
+_DOCS_TOOLS = {"mkdocs": "mkdocs", "material": "mkdocs-material",
+               "mkdocstrings_handlers.python": "mkdocstrings[python]"}
+
+
+def _docs_tools_missing():
+    import importlib.util
+
+    missing = []
+    for module, distribution in _DOCS_TOOLS.items():
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except ModuleNotFoundError:
+            found = False
+        if not found:
+            missing.append(distribution)
+    return missing
+
+
+def _docs_config(given):
+    """The site's mkdocs.yml: the one given, else the working directory's, else the checkout's."""
+    from pathlib import Path
+
+    if given:
+        candidates = [Path(given)]
+    else:
+        candidates = [Path.cwd() / "mkdocs.yml", Path(__file__).resolve().parents[1] / "mkdocs.yml"]
+    for candidate in candidates:
+        if candidate.is_file():
+            return candidate.resolve()
+    raise SystemExit(
+        f"kdist docs: no {candidates[0]}; the site is built from a source checkout of kdist "
+        "(run it there, or pass --config-file).")
+
+
+def _docs(args):
+    missing = _docs_tools_missing()
+    if missing:
+        raise SystemExit(f"kdist docs needs {', '.join(missing)}: pip install \"kdist[docs]\"")
+    config = _docs_config(args.config_file)
+    # mkdocs-material prints an advertisement on every run; it is not about this site.
+    env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
+    mkdocs = [sys.executable, "-m", "mkdocs"]
+    if args.serve:
+        print(f"kdist docs: serving at http://{args.dev_addr}/ (Ctrl-C stops it)", flush=True)
+        return subprocess.call(mkdocs + ["serve", "--strict", "--config-file", str(config),
+                                         "--dev-addr", args.dev_addr], env=env)
+    site = os.path.abspath(args.site_dir)
+    status = subprocess.call(mkdocs + ["build", "--strict", "--config-file", str(config),
+                                       "--site-dir", site], env=env)
+    if status != 0:
+        print(f"kdist docs: the build failed (mkdocs exit status {status}); see above.",
+              file=sys.stderr)
+        return status
+    print(f"kdist docs: open {os.path.join(site, 'index.html')} in a browser "
+          f"(or run `kdist docs --serve`).")
+    return 0
+
+
 def _add_launch_arguments(parser, what):
     parser.add_argument("-n", "--np", dest="n", type=int, default=1, help=f"number of {what}")
     parser.add_argument("--no-prefix", action="store_true",
@@ -331,6 +391,17 @@ def build_parser():
     info = sub.add_parser("info", help="print versions, MPI, ranks, threads and devices")
     info.add_argument("--json", action="store_true", help="print JSON")
     info.set_defaults(func=_info)
+    docs = sub.add_parser("docs", help="build the docs site (needs the docs extra)")
+    docs.add_argument("--site-dir", default="site",
+                      help="where the site is written (default: site/)")
+    docs.add_argument("--serve", action="store_true",
+                      help="serve the site, rebuilding it on every change, instead")
+    docs.add_argument("--dev-addr", default="127.0.0.1:8000",
+                      help="with --serve: the address to serve on (default 127.0.0.1:8000)")
+    docs.add_argument("--config-file", default=None,
+                      help="the site's mkdocs.yml (default: the working directory's, else "
+                           "the one beside the kdist package)")
+    docs.set_defaults(func=_docs)
     return parser
 
 

@@ -1,4 +1,4 @@
-"""The kdist command line: run, info."""
+"""The kdist command line: run, info, docs."""
 
 import json
 import os
@@ -179,3 +179,19 @@ def test_run_passes_rank_0_through_and_keeps_colours_only_on_a_terminal(mpiexec_
         os.close(leader)
         assert job.wait(timeout=60) == 0, seen
     assert b"\x1b[1m0/2\x1b[0m\r" in seen and b"[1] \x1b[1m1/2" in seen
+
+
+def test_docs_builds_the_site_and_says_where_to_open_it(tmp_path):
+    if cli._docs_tools_missing():
+        pytest.skip("the docs extra (mkdocs-material, mkdocstrings[python]) is not installed")
+    site = tmp_path / "site"
+    done = kdist_cli("docs", "--site-dir", str(site), timeout=180)
+    assert done.returncode == 0, done.stderr
+    assert (site / "index.html").is_file() and (site / "reference" / "callbacks").is_dir()
+    assert str(site / "index.html") in done.stdout
+
+
+def test_docs_without_mkdocs_says_which_extra_to_install(monkeypatch):
+    monkeypatch.setattr(cli, "_docs_tools_missing", lambda: ["mkdocs"])
+    with pytest.raises(SystemExit, match=r'pip install "kdist\[docs\]"'):
+        cli.main(["docs"])
