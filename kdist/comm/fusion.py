@@ -3,6 +3,24 @@
 A model's gradients are many tensors; reducing each on its own pays MPI's
 latency once per tensor. Consecutive tensors are grouped into buckets of at
 most `bucket_bytes`, and each bucket travels in one collective.
+
+One step's gradients, through `kdist.comm.tensors.TensorReducer` and then
+`graph_ops.allreduce` (kdist's C++ op, else `Communicator.allreduce_many`):
+
+    g0 g1 g2 g3 g4            model order; floating tensors, one dtype at a time
+        | reversed: backpropagation produces the last layers' gradients first
+        v
+    [g4 g3] [g2] [g1 g0]      plan_buckets: consecutive runs of at most bucket_bytes
+    bucket 0  1     2         (a larger tensor gets a bucket of its own)
+        | each bucket as soon as its own tensors exist (in a graph): the
+        | compression (fp16 casts; top-k gathers instead), then one allreduce:
+        v
+    pack buffer, reused:  | g4 * pre | g3 * pre | 1 |   the 1 only when averaging:
+        | announce (op, dtype, count)                    it counts the ranks that
+        | MPI_Allreduce in place                         trained (joined ones send 0)
+        v
+    | sum g4 | sum g3 | n |  ->  unpack: each slice * post / n, in its own shape
+    The C++ op sends a tensor of 256 KiB or more past the buffer, reduced on its own.
 """
 
 DEFAULT_BUCKET_BYTES = 64 * 1024 * 1024

@@ -10,6 +10,27 @@ hands over at each epoch's end (`events`).
 A sub-master is a server whose centre is, in turn, a child of the master's:
 it reports the change of its centre upwards after every round of its
 children's updates, at each epoch's end and when its children are done.
+
+One worker's exchange (t = the trainable values, `Layout.trainable_size`):
+
+    worker, every sync_every steps, at each epoch's end and at the last (WorkerSession._sync):
+      body = the replica's values         | trainable [:t] | non-trainable [t:] |
+      body[:t] -= pulled[:t]              Downpour, GEM: the update since the last
+                                          pull; EASGD sends the weights themselves
+        | Link.exchange: header (kind, epoch, steps) + body, tag UP
+        v
+    server._serve: mailbox.wait_any() -> child; outbox.wait(child)
+      stale = clock - pulled_at[child]    reply[child] still holds what it pulled
+      center = rule.absorb(child, body, center, reply[child], stale), on [:t]:
+        Downpour  reply = center stepped by the master optimizer     -> center
+        GEM       reply = center + body * energy-matching factor     -> center
+        EASGD     center += a (w - center); reply = w - a (w - center), a = elastic_force
+      center[t:] = reply[t:] = body[t:]   the latest child's statistics
+      center_hook(center, clock, reply); clock += 1
+        | reply header (kind, epoch, stop) + body, tag DOWN;
+        | pulled_at[child] = clock; the child's receive is posted again
+        v
+    worker: the replica takes the reply; it stays as `pulled` for the next update
 """
 
 import collections
