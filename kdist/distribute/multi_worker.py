@@ -122,6 +122,7 @@ class MultiWorkerMirroredStrategy(tf.distribute.MultiWorkerMirroredStrategy):
         communication_options: `tf.distribute.experimental.CommunicationOptions`,
             as for the stock strategy.
 
+    >>> import tensorflow as tf
     >>> float(MultiWorkerMirroredStrategy().reduce("SUM", tf.constant(2.0), axis=0))
     2.0
     """

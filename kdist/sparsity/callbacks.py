@@ -42,7 +42,7 @@ class UpdatePruning(keras.callbacks.Callback):
 
     Example:
 
-        >>> import keras, kdist
+        >>> import keras, numpy as np, kdist
         >>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8)])
         >>> model = kdist.sparsity.prune(
         ...     model, kdist.sparsity.ConstantSparsity(0.5, 0, frequency=1))
@@ -147,7 +147,7 @@ class SyncQuantizeRanges(keras.callbacks.Callback):
 
     Example:
 
-        >>> import keras, kdist
+        >>> import keras, numpy as np, kdist
         >>> model = kdist.sparsity.quantize(keras.Sequential([keras.Input((4,)),
         ...                                                   keras.layers.Dense(2)]))
         >>> model.compile("sgd", "mse")

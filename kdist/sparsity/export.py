@@ -50,7 +50,7 @@ def export_tflite(model, path=None, representative_data=None, int8=True):
 
     Example:
 
-        >>> import keras, kdist
+        >>> import keras, numpy as np, kdist
         >>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
         >>> x = np.random.default_rng(0).normal(size=(32, 4)).astype("float32")
         >>> flatbuffer = kdist.sparsity.export_tflite(model, representative_data=x)

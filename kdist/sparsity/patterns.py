@@ -14,6 +14,7 @@ def magnitude_mask(values, sparsity):
 
     Ties at the threshold are all kept; at least one weight always is.
 
+    >>> import numpy as np
     >>> magnitude_mask(np.array([0.1, -3.0, 0.5, 2.0]), 0.5)
     array([0., 1., 0., 1.], dtype=float32)
     """
@@ -32,6 +33,7 @@ def block_mask(values, sparsity, block_size, pooling="AVG"):
     Kernels that are not 2-D once size-1 axes are dropped are pruned weight by
     weight, as in tensorflow-model-optimization.
 
+    >>> import numpy as np
     >>> block_mask(np.array([[1.0, 1.0, 0.1, 0.2], [1.0, 1.0, 0.2, 0.1]]), 0.5, (2, 2))
     array([[1., 1., 0., 0.],
            [1., 1., 0., 0.]], dtype=float32)
@@ -62,6 +64,7 @@ def n_of_m_mask(values, zeros, group):
     of a 1-D kernel), as sparse tensor cores and TFLite expect. A last,
     partial group is completed with zeros, which count towards `zeros`.
 
+    >>> import numpy as np
     >>> n_of_m_mask(np.array([[0.1], [-3.0], [0.5], [2.0]]), 2, 4).ravel()
     array([0., 1., 0., 1.], dtype=float32)
     """

@@ -111,7 +111,7 @@ class PrunableLayer:
 
     Example:
 
-        >>> import keras, kdist
+        >>> import keras, numpy as np, kdist
         >>> class Scale(keras.layers.Layer, kdist.sparsity.PrunableLayer):
         ...     def build(self, input_shape):
         ...         self.scale = self.add_weight(shape=input_shape[-1:], initializer="ones")

@@ -47,6 +47,7 @@ def quantize_array(values, bits, per_channel=True, power_of_two=False):
     scalar; powers of two with `power_of_two` (fixed-point firmware). Codes
     are int8 for up to 8 bits, int16 above.
 
+    >>> import numpy as np
     >>> codes, scales = quantize_array(np.array([[0.5, -1.5], [-0.4, 3.0]]), bits=3)
     >>> codes.tolist(), scales.tolist()
     ([[3, -2], [-2, 3]], [0.1666666716337204, 1.0])
@@ -231,7 +232,7 @@ def quantize(model, bits=8, per_channel=True, activations=True, preserve_sparsit
 
     Example:
 
-        >>> import keras, kdist
+        >>> import keras, numpy as np, kdist
         >>> model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4)])
         >>> qmodel = kdist.sparsity.quantize(model, bits=4)
         >>> exported = kdist.sparsity.export_quantized(qmodel)

@@ -20,6 +20,7 @@ LENGTH_SCALE_BOUNDS = (5e-2, 2.0)
 def expected_improvement(mean, std, best, xi=0.0):
     """E[max(best - f - xi, 0)] for f ~ N(mean, std^2): improvement below `best`.
 
+    >>> import numpy as np
     >>> round(float(expected_improvement(np.array([0.0]), np.array([1.0]), 0.0)[0]), 4)
     0.3989
     """

@@ -20,6 +20,7 @@ def fold_indices(y, folds, stratified=None, shuffle=True, seed=0, rows=None):
 
     Example:
 
+        >>> import numpy as np
         >>> [v.tolist() for _, v in fold_indices(np.array([0, 0, 1, 1]), 2, shuffle=False)]
         [[0, 2], [1, 3]]
     """
@@ -95,7 +96,7 @@ class KFoldTuner(kt.Tuner):
 
     Example:
 
-        >>> import keras, keras_tuner as kt, kdist.tune
+        >>> import tempfile, keras, numpy as np, kdist.tune
         >>> def build(hp):
         ...     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(
         ...         hp.Int("units", 4, 16, step=4), activation="relu"), keras.layers.Dense(1)])
@@ -103,8 +104,8 @@ class KFoldTuner(kt.Tuner):
         ...     return model
         >>> oracle = kdist.tune.GeneticOracle(objective="val_loss", max_trials=2,
         ...                                   population_size=2, seed=0)
-        >>> tuner = kdist.tune.KFoldTuner(build, oracle=oracle, folds=2, directory=workdir,
-        ...                               project_name="doc")
+        >>> tuner = kdist.tune.KFoldTuner(build, oracle=oracle, folds=2,
+        ...                               directory=tempfile.mkdtemp(), project_name="doc")
         >>> x = np.random.default_rng(0).normal(size=(60, 4)); y = x.sum(axis=1)
         >>> tuner.search(x, y, epochs=1, verbose=0)
         >>> sorted(tuner.oracle.get_best_trials(1)[0].metrics.metrics)[:3]

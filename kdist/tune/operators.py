@@ -33,6 +33,7 @@ def directed_crossover(fitter, other, rng, categorical=None):
     `r` is uniform in (0, 1) and the child is clipped to the cube. Categorical
     genes come from either parent with equal chance.
 
+    >>> import numpy as np
     >>> rng = np.random.default_rng(0)
     >>> directed_crossover(np.array([0.5, 0.5]), np.array([0.25, 1.0]), rng).round(3)
     array([0.659, 0.182])
@@ -54,6 +55,7 @@ def nonuniform_mutation(genes, generation, generations, rng, rate, categorical=N
     step may reach the bounds at generation 0 and shrinks to nothing at
     generation G. Categorical genes are resampled instead.
 
+    >>> import numpy as np
     >>> rng = np.random.default_rng(1)
     >>> late = nonuniform_mutation(np.full(4, 0.5), 9, 10, rng, rate=1.0)
     >>> bool(np.all(np.abs(late - 0.5) < 0.01))

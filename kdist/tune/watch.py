@@ -60,9 +60,10 @@ class GroupWatch:
 
     Example:
 
-        >>> import keras_tuner as kt
+        >>> import tempfile, keras_tuner as kt
+        >>> from kdist.tune import compat
         >>> oracle = kt.oracles.RandomSearchOracle(kt.Objective("loss", "min"), max_trials=2)
-        >>> compat.set_project_dir(oracle, workdir, "watch")
+        >>> compat.set_project_dir(oracle, tempfile.mkdtemp(), "watch")  # as a tuner would
         >>> oracle.verbose = 0
         >>> oracle.hyperparameters.Float("x", 0, 1)  # doctest: +ELLIPSIS
         0...
