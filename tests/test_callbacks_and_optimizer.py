@@ -410,19 +410,6 @@ def test_sync_batch_norm_is_batch_norm_on_one_process_and_saves(tmp_path):
         kdist.SyncBatchNormalization(synchronized=True)
 
 
-def test_module_doctests():
-    import doctest
-    import importlib
-
-    for name in ("kdist._args", "kdist.optimizers.distributed", "kdist.optimizers.aggregation",
-                 "kdist.callbacks.broadcast", "kdist.callbacks.learning_rate",
-                 "kdist.callbacks.tensorboard",
-                 "kdist.distribute.sync_batch_norm", "kdist.comm.tensors",
-                 "kdist.elastic.runner", "kdist.elastic.state"):
-        result = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)
-        assert result.attempted > 0 and result.failed == 0, name
-
-
 def test_tensor_reducer_scales_in_a_world_of_one_as_allreduce_does():
     reducer = kdist.comm.TensorReducer(prescale_factor=0.5, postscale_factor=3.0)
     scaled, missing = reducer([tf.constant([2.0]), None])

@@ -208,16 +208,6 @@ def test_parameter_server_exchanges_both_models(mpirun, tmp_path):
     assert len(master["history"]["d_loss"]) == 2 and len(master["history"]["g_loss"]) == 2
 
 
-def test_docstring_examples_run():
-    import doctest
-
-    import kdist.gan.gan
-
-    for module in (kdist.gan, kdist.gan.gan):
-        result = doctest.testmod(module)
-        assert result.attempted > 0 and result.failed == 0
-
-
 def test_mixed_float16_scales_both_losses():
     keras.mixed_precision.set_global_policy("mixed_float16")
     try:

@@ -6,7 +6,6 @@ import keras
 import numpy as np
 import pytest
 
-import kdist
 from kdist import sparsity
 from kdist.sparsity import fixed
 from kdist.sparsity.fixed import FixedType, exact_type, range_type
@@ -169,16 +168,3 @@ def test_firmware_export_refuses_what_it_cannot_keep_exact(tmp_path):
         tf_keras = pytest.importorskip("tf_keras")
         sparsity.quantize(tf_keras.Sequential([tf_keras.layers.Dense(2, input_shape=(3,))]),
                           fixed_point=True)
-
-
-@needs_hls4ml
-@pytest.mark.slow
-def test_module_doctests():
-    import doctest
-
-    from kdist.sparsity import hls
-
-    for module in (fixed, hls):
-        result = doctest.testmod(module, extraglobs={"np": np, "kdist": kdist},
-                                 optionflags=doctest.ELLIPSIS)
-        assert result.failed == 0, module.__name__

@@ -4,7 +4,6 @@ import keras
 import numpy as np
 import pytest
 
-import kdist
 from kdist import sparsity
 
 
@@ -482,20 +481,6 @@ def test_quantization_bad_input_raises_clear_errors():
         sparsity.quantize(keras.Sequential([keras.Input((3,)), keras.layers.ReLU()]))
     with pytest.raises(ValueError, match="no layer wrapped"):
         sparsity.export_quantized(_model())
-
-
-def test_module_doctests():
-    import doctest
-
-    from kdist import tfmot
-    from kdist.sparsity import (annotation, callbacks, export, patterns, pruning, quantization,
-                                schedules, wrapping)
-
-    for module in (annotation, callbacks, export, patterns, pruning, quantization, schedules,
-                   wrapping, sparsity, tfmot):
-        result = doctest.testmod(module, extraglobs={"np": np, "kdist": kdist},
-                                 optionflags=doctest.ELLIPSIS)
-        assert result.failed == 0, module.__name__
 
 
 # The tfmot bridge ----------------------------------------------------------------------

@@ -61,12 +61,3 @@ def test_a_timeline_needs_a_writable_directory_and_one_at_a_time(tmp_path):
     assert written == str(tmp_path / "t.json")
     assert json.loads((tmp_path / "t.json").read_text())["otherData"]["ranks"] == 1
     assert kdist.stop_timeline() is None
-
-
-def test_module_doctest():
-    import doctest
-
-    import kdist.comm.timeline
-
-    result = doctest.testmod(kdist.comm.timeline)
-    assert result.attempted > 0 and result.failed == 0

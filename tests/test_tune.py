@@ -460,14 +460,3 @@ def test_kfold_tuner_refuses_validation_data(tmp_path):
         tuner.search(np.zeros((8, 2)), np.zeros(8), validation_data=(np.zeros((2, 2)),
                                                                      np.zeros(2)))
     assert "validation_data" in tuner.oracle.trials["0"].message
-
-
-def test_module_doctests(tmp_path):
-    import doctest
-
-    from kdist.tune import bayesian, genetic, kfold, watch
-
-    for module in (bayesian, genetic, kfold, operators, watch):
-        result = doctest.testmod(module, extraglobs={"np": np, "workdir": str(tmp_path)},
-                                 optionflags=doctest.ELLIPSIS)
-        assert result.failed == 0, module.__name__

@@ -222,10 +222,3 @@ def test_the_bohb_tuner_trains_promoted_trials_on_from_their_parents(tmp_path):
     assert first <= parent.score * 1.05
     best = tuner.get_best_hyperparameters(1)[0]
     assert 1e-3 <= best["lr"] <= 1e-1
-
-
-def test_module_doctests(tmp_path):
-    import doctest
-
-    result = doctest.testmod(bohb, optionflags=doctest.ELLIPSIS)
-    assert result.attempted and result.failed == 0

@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 
 import kdist.tune
-from kdist.tune import pareto
 
 OBJECTIVES = [kt.Objective("f1", "min"), kt.Objective("f2", "min")]
 
@@ -176,10 +175,3 @@ def test_the_front_plot_is_written(tmp_path):
     empty = kdist.tune.NSGA2Oracle(OBJECTIVES)
     with pytest.raises(ValueError, match="no finished trial"):
         kdist.tune.plot_front(empty)
-
-
-def test_module_doctests():
-    import doctest
-
-    result = doctest.testmod(pareto, optionflags=doctest.ELLIPSIS)
-    assert result.attempted and result.failed == 0

@@ -65,9 +65,15 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="", compressi
 
     Example:
 
+        On 2 ranks, where rank 0 holds `[1, 2]` and rank 1 `[2, 4]`:
+
         >>> import numpy as np, kdist
-        >>> kdist.allreduce(np.array([1.0, 2.0]))  # one process: unchanged
-        array([1., 2.])
+        >>> kdist.init()
+        >>> value = np.array([1.0, 2.0]) * (kdist.rank() + 1)
+        >>> kdist.allreduce(value)
+        array([1.5, 3. ])
+        >>> kdist.allreduce(value, op=kdist.Sum)
+        array([3., 6.])
     """
     op = _resolve_op(average, op)
     comm = resolve_comm(comm, process_set)
@@ -222,9 +228,15 @@ def reducescatter(tensor, device_dense="", compression=None, op=Average, name=No
 
     Example:
 
+        On 2 ranks, rank 0 gets the sum's first two rows and rank 1 the last two:
+
         >>> import numpy as np, kdist
-        >>> kdist.reducescatter(np.arange(4.0)).tolist()  # one process: all rows
-        [0.0, 1.0, 2.0, 3.0]
+        >>> kdist.init()
+        >>> block = kdist.reducescatter(np.arange(4.0), op=kdist.Sum)
+        >>> block.shape
+        (2,)
+        >>> kdist.allgather(block)
+        array([0., 2., 4., 6.])
     """
     op = reduce_op(op)
     comm = resolve_comm(comm, process_set)

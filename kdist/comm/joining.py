@@ -29,9 +29,14 @@ def join(comm=None):
 
     Example:
 
-        >>> import kdist
-        >>> kdist.join()  # one process: nothing to wait for
-        0
+        On 2 ranks, where rank 0 runs out of data first:
+
+        >>> import numpy as np, kdist
+        >>> kdist.init()
+        >>> if kdist.rank() == 1:  # rank 0 has joined: the average is rank 1's value
+        ...     average = kdist.allreduce(np.array([4.0]))
+        >>> kdist.join()  # the rank that joined last
+        1
     """
     return join_and_tell(comm)[0]
 

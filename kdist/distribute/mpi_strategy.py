@@ -71,10 +71,14 @@ class MPIStrategy(distribute_lib.Strategy):
 
     Example:
 
-        >>> import kdist
+        On 2 ranks, each rank is one replica:
+
+        >>> import tensorflow as tf, kdist
         >>> strategy = kdist.distribute.MPIStrategy()
-        >>> strategy.num_replicas_in_sync == kdist.size()
-        True
+        >>> strategy.num_replicas_in_sync
+        2
+        >>> float(strategy.reduce("SUM", tf.constant(kdist.rank() + 1.0), axis=None))
+        3.0
     """
 
     def __init__(self, comm=None, compression=None, bucket_bytes=DEFAULT_BUCKET_BYTES,
