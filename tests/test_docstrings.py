@@ -26,6 +26,7 @@ FLAGS = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
 MARK = "On 2 ranks"
 
 MULTI_RANK = {
+    "kdist.callbacks.broadcast.BroadcastGlobalVariablesCallback",
     "kdist.callbacks.learning_rate.LearningRateWarmupCallback",
     "kdist.comm.collectives.allreduce",
     "kdist.comm.collectives.reducescatter",

@@ -39,8 +39,18 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
 
     Example:
 
-        >>> import keras, kdist
-        >>> callback = kdist.callbacks.BroadcastGlobalVariablesCallback(0)
+        On 2 ranks, whose models start from different random weights:
+
+        >>> import keras, numpy as np, kdist
+        >>> kdist.init()
+        >>> keras.utils.set_random_seed(kdist.rank())
+        >>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+        >>> model.compile(kdist.DistributedOptimizer(keras.optimizers.SGD(0.1)), "mse")
+        >>> _ = model.fit(np.ones((8, 4)), np.ones((8, 1)), verbose=0,
+        ...               callbacks=[kdist.callbacks.BroadcastGlobalVariablesCallback(0)])
+        >>> kernel = model.layers[0].kernel.numpy()
+        >>> bool(np.allclose(kdist.broadcast(kernel, root_rank=1), kernel))  # ranks agree
+        True
     """
 
     def __init__(self, root_rank=0, device="", local_variables=None, process_set=None,
