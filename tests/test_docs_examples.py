@@ -6,6 +6,7 @@ fixture. Each in a temporary directory, since blocks write checkpoints and
 exported models.
 """
 
+import functools
 import glob
 import os
 import subprocess
@@ -20,6 +21,7 @@ PAGES = [os.path.join(ROOT, "README.md")] + sorted(glob.glob(os.path.join(ROOT, 
 RUNNER = os.path.join(ROOT, "tests", "docs_runner.py")
 
 
+@functools.cache
 def _blocks(page):
     with open(page) as file:
         return docs_runner.blocks(file.read())
