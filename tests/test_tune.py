@@ -460,3 +460,53 @@ def test_kfold_tuner_refuses_validation_data(tmp_path):
         tuner.search(np.zeros((8, 2)), np.zeros(8), validation_data=(np.zeros((2, 2)),
                                                                      np.zeros(2)))
     assert "validation_data" in tuner.oracle.trials["0"].message
+
+
+def test_kfold_tuner_trains_to_the_trial_budget_and_promotes_from_the_parent_fold(tmp_path):
+    fits, current = [], []
+
+    class Budgeted(kt.HyperModel):
+        def build(self, hp):
+            model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+            model.compile(keras.optimizers.SGD(hp.Float("lr", 1e-3, 1e-1, sampling="log")),
+                          "mse")
+            return model
+
+        def fit(self, hp, model, x, y, **kwargs):
+            fits.append(dict(trial=current[-1], values=dict(hp.values),
+                             epochs=kwargs.get("epochs"), start=kwargs.get("initial_epoch", 0),
+                             weights=[w.copy() for w in model.get_weights()]))
+            history = model.fit(x, y, verbose=0, **kwargs)
+            fits[-1]["ran"] = len(history.epoch)
+            return history
+
+    class Tuner(kdist.tune.KFoldTuner):
+        def run_trial(self, trial, *args, **kwargs):
+            current.append(trial.trial_id)
+            return super().run_trial(trial, *args, **kwargs)
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(40, 3)).astype("float32")
+    y = (x @ np.array([1.0, -2.0, 0.5])).astype("float32")
+    tuner = Tuner(Budgeted(), oracle=kdist.tune.BOHBOracle(objective="val_loss", max_epochs=2,
+                                                           factor=2, seed=0),
+                  folds=2, directory=str(tmp_path), project_name="budget")
+    with contextlib.redirect_stdout(io.StringIO()):
+        tuner.search(x, y, epochs=50, batch_size=8)
+    assert fits and len(fits) % 2 == 0
+    promoted = 0
+    for k, fit in enumerate(fits):
+        values, fold = fit["values"], k % 2
+        # The search's own epochs=50 gives way to the trial's budget.
+        assert fit["epochs"] == values["tuner/epochs"]
+        assert fit["ran"] == values["tuner/epochs"] - fit["start"]
+        if values.get("tuner/trial_id") is None:
+            assert fit["start"] == 0
+            continue
+        promoted += 1
+        assert fit["start"] == values["tuner/initial_epoch"] > 0
+        parent = tuner.hypermodel.build(kt.HyperParameters())
+        parent.load_weights(tuner.fold_checkpoint(values["tuner/trial_id"], fold))
+        for started, saved in zip(fit["weights"], parent.get_weights()):
+            np.testing.assert_array_equal(started, saved)
+    assert promoted >= 2

@@ -1,6 +1,7 @@
 """A keras-tuner `Tuner` whose objective is the mean over K cross-validation folds."""
 
 import logging
+import os
 
 import keras_tuner as kt
 import numpy as np
@@ -83,6 +84,12 @@ class KFoldTuner(kt.Tuner):
     `get_best_models()` works; retrain the best hyper-parameters on all the
     data for a final model.
 
+    Budgets in epochs work as in `keras_tuner.Hyperband`: a trial that
+    carries `tuner/epochs` (from `kdist.tune.BOHBOracle` or keras-tuner's
+    `HyperbandOracle`) trains each fold up to that epoch, and a promoted
+    trial (`tuner/trial_id`) starts each fold from the same fold of its
+    parent at `tuner/initial_epoch`; those trials keep every fold's weights.
+
     Args:
         hypermodel: a function of `hp` returning a compiled model, or a
             `keras_tuner.HyperModel` (its `fit` is used when it has one).
@@ -148,8 +155,9 @@ class KFoldTuner(kt.Tuner):
                               rows=_rows(x))
         roles = distributed.current_roles()
         if roles is None:
-            runs = [self._run_fold(trial, x, y, sample_weight, train, held_out, fit_kwargs)
-                    for train, held_out in splits]
+            runs = [self._run_fold(trial, x, y, sample_weight, train, held_out, fit_kwargs,
+                                   fold=k)
+                    for k, (train, held_out) in enumerate(splits)]
             metrics, best = self._summarise(trial, [scores for _, scores in runs])
             self.save_model(trial.trial_id, runs[best][0])
             return metrics
@@ -162,7 +170,7 @@ class KFoldTuner(kt.Tuner):
         try:
             for k in mine:
                 models[k], scores[k] = self._run_fold(trial, x, y, sample_weight, *splits[k],
-                                                      fit_kwargs, roles)
+                                                      fit_kwargs, roles, fold=k)
         except Exception as caught:  # every rank must reach the gather below
             error = f"{type(caught).__name__}: {caught}"
         shared = roles.group_comm.allgather_object(
@@ -179,9 +187,14 @@ class KFoldTuner(kt.Tuner):
             self.save_model(trial.trial_id, models[best])
         return metrics
 
-    def _run_fold(self, trial, x, y, sample_weight, train, held_out, fit_kwargs, roles=None):
+    def _run_fold(self, trial, x, y, sample_weight, train, held_out, fit_kwargs, roles=None,
+                  fold=0):
         hp = trial.hyperparameters
         model = compat.build_model(self, hp)
+        kwargs = dict(fit_kwargs)
+        budgeted = "tuner/epochs" in hp.values
+        if budgeted:
+            kwargs.update(self._budget(hp.values, model, fold))
         if roles is not None and roles.workers_per_fold > 1:
             # The fold team trains one model data-parallel: same start, averaged
             # gradients, equal shares of the fold's rows.
@@ -192,14 +205,36 @@ class KFoldTuner(kt.Tuner):
             model.optimizer = AllreduceOptimizer(model.optimizer, comm=roles.team_comm)
             share = len(train) // roles.workers_per_fold
             train = train[roles.worker::roles.workers_per_fold][:share]
-        kwargs = dict(fit_kwargs)
         kwargs["callbacks"] = list(kwargs.get("callbacks") or [])
         self.hypermodel.fit(hp, model, _take(x, train), _take(y, train),
                             sample_weight=_take(sample_weight, train), **kwargs)
+        if budgeted and (roles is None or roles.worker == 0):
+            model.save_weights(self.fold_checkpoint(trial.trial_id, fold))
         scores = model.evaluate(_take(x, held_out), _take(y, held_out),
                                 sample_weight=_take(sample_weight, held_out),
                                 verbose=0, return_dict=True)
         return model, {f"val_{name}": float(value) for name, value in scores.items()}
+
+    def _budget(self, values, model, fold):
+        """`fit` arguments for a trial with a budget; a promoted trial's model
+        takes the weights its parent's fold ended with."""
+        epochs, start = int(values["tuner/epochs"]), int(values.get("tuner/initial_epoch", 0))
+        parent = values.get("tuner/trial_id")
+        if parent is not None and start > 0:
+            path = self.fold_checkpoint(parent, fold)
+            if os.path.exists(path):
+                model.load_weights(path)
+            else:
+                logger.warning("fold %d of trial %s has no weights at %s; this promoted trial "
+                               "trains that fold from scratch", fold, parent, path)
+                start = 0
+        return {"epochs": epochs, "initial_epoch": start}
+
+    def fold_checkpoint(self, trial_id, fold):
+        """Where fold `fold` of a trial with a budget keeps its weights."""
+        path = compat.checkpoint_path(self, trial_id)
+        stem = path[:-len(".weights.h5")] if path.endswith(".weights.h5") else path
+        return f"{stem}.fold_{fold}.weights.h5"
 
     def _summarise(self, trial, per_fold):
         """The trial's metrics, and which fold's model is the best."""
