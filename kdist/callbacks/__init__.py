@@ -5,10 +5,14 @@ from kdist.callbacks.checkpoint import Checkpoint, latest_checkpoint
 from kdist.callbacks.learning_rate import (
     LearningRateScheduleCallback,
     LearningRateWarmupCallback,
+    scale_learning_rate,
 )
+from kdist.callbacks.noise_scale import GradientNoiseScale, estimate_noise_scale
 from kdist.callbacks.tensorboard import TensorBoard
 
 __all__ = [
-    "BroadcastGlobalVariablesCallback", "Checkpoint", "LearningRateScheduleCallback",
+    "BroadcastGlobalVariablesCallback", "Checkpoint", "GradientNoiseScale",
+    "LearningRateScheduleCallback",
     "LearningRateWarmupCallback", "MetricAverageCallback", "TensorBoard", "latest_checkpoint",
+    "estimate_noise_scale", "scale_learning_rate",
 ]

@@ -7,6 +7,7 @@ fractional bounds hand over to one another in the middle of an epoch.
 """
 
 import logging
+import math
 import numbers
 
 import keras
@@ -28,6 +29,30 @@ def _epoch_bound(value, name):
     if value < 0:
         raise ValueError(f"{name} must be 0 or more; got {value!r}.")
     return int(value) if float(value).is_integer() else float(value)
+
+
+SCALING_RULES = ("linear", "sqrt")
+
+
+def scale_learning_rate(learning_rate, rule="linear", size=None):
+    """The learning rate for `size` ranks, from the one that suits one rank.
+
+    With `size` times the global batch, `"linear"` multiplies the rate by
+    `size` (Goyal et al. 2017; SGD with momentum), `"sqrt"` by `sqrt(size)`
+    (Adam-like optimizers, or when linear scaling diverges). `size` defaults to
+    the number of ranks.
+
+    Example:
+
+        >>> from kdist.callbacks import scale_learning_rate
+        >>> scale_learning_rate(0.1, "linear", size=8), scale_learning_rate(0.1, "sqrt", size=4)
+        (0.8, 0.2)
+    """
+    learning_rate = _args.positive_number(learning_rate, "learning_rate")
+    if rule not in SCALING_RULES:
+        raise ValueError(f"rule must be one of {SCALING_RULES}; got {rule!r}.")
+    size = processes.size() if size is None else _args.whole_number(size, "size", minimum=1)
+    return learning_rate * (size if rule == "linear" else math.sqrt(size))
 
 
 class LearningRateScheduleCallback(keras.callbacks.Callback):
@@ -135,6 +160,10 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
     batch of the warm-up trains with exactly `initial_lr`, also when
     `warmup_epochs` is fractional.
 
+    With a `scaling` rule (`"linear"` or `"sqrt"`, see
+    `scale_learning_rate`), `initial_lr` is instead the rate that suits one
+    rank, and the ramp climbs from it to the scaled rate.
+
     Example:
 
         On 2 ranks, the rate climbs from `0.4 / 2` to `0.4` over 5 epochs:
@@ -144,22 +173,33 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
         >>> warmup = kdist.callbacks.LearningRateWarmupCallback(initial_lr=0.4, warmup_epochs=5)
         >>> [round(warmup.learning_rate_at(epoch), 4) for epoch in (0.0, 2.5, 5.0)]
         [0.2, 0.3, 0.4]
+
+        From one rank's rate `0.1` to `0.1 * sqrt(2)`:
+
+        >>> warmup = kdist.callbacks.LearningRateWarmupCallback(
+        ...     initial_lr=0.1, warmup_epochs=5, scaling="sqrt")
+        >>> [round(warmup.learning_rate_at(epoch), 4) for epoch in (0.0, 5.0)]
+        [0.1, 0.1414]
     """
 
     def __init__(self, initial_lr, warmup_epochs=5, momentum_correction=None,
-                 steps_per_epoch=None, verbose=0):
+                 steps_per_epoch=None, verbose=0, scaling=None):
         warmup_epochs = _args.positive_number(warmup_epochs, "warmup_epochs")
         if warmup_epochs.is_integer():
             warmup_epochs = int(warmup_epochs)
         self.warmup_epochs = warmup_epochs
+        self.scaling = scaling
+        target = (initial_lr if scaling is None
+                  else scale_learning_rate(initial_lr, scaling))
 
         def ramp(epoch):
             if epoch >= warmup_epochs:
                 return 1.0
-            size = processes.size()
-            return (1.0 + epoch * (size - 1) / warmup_epochs) / size
+            # Horovod's ramp starts at a size-th of the target; a rule starts at one rank's.
+            factor = processes.size() if scaling is None else target / initial_lr
+            return (1.0 + epoch * (factor - 1) / warmup_epochs) / factor
 
-        super().__init__(initial_lr, ramp, start_epoch=0, end_epoch=warmup_epochs,
+        super().__init__(target, ramp, start_epoch=0, end_epoch=warmup_epochs,
                          staircase=False, momentum_correction=momentum_correction,
                          steps_per_epoch=steps_per_epoch, verbose=verbose)
 

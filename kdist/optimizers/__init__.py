@@ -1,4 +1,4 @@
-"""Optimizers for distributed training: gradient averaging across ranks."""
+"""Optimizers for distributed training: gradient averaging across ranks, LARS."""
 
 from kdist.optimizers.aggregation import LocalGradientAggregator
 from kdist.optimizers.distributed import (
@@ -6,9 +6,10 @@ from kdist.optimizers.distributed import (
     DistributedOptimizer,
     PartialDistributedOptimizer,
 )
+from kdist.optimizers.lars import LARS
 from kdist.optimizers.loading import load_model
 
 __all__ = [
-    "AllreduceOptimizer", "DistributedOptimizer", "LocalGradientAggregator",
+    "AllreduceOptimizer", "DistributedOptimizer", "LARS", "LocalGradientAggregator",
     "PartialDistributedOptimizer", "load_model",
 ]

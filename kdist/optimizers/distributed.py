@@ -109,7 +109,8 @@ class AllreduceOptimizer(keras.optimizers.Optimizer):
         self.bucket_bytes = bucket_bytes
         # Plain Python state in a namespace: Keras scans an optimizer's list and
         # tuple attributes for variables and would adopt the model's as its own.
-        self._state = types.SimpleNamespace(groups=groups, local_sources=[], handoff=None)
+        self._state = types.SimpleNamespace(groups=groups, local_sources=[], handoff=None,
+                                            norms=None)
         self.inner_optimizer = optimizer
         self.compression = compression_lib.get(compression)
         self.average_aggregated_gradients = bool(average_aggregated_gradients)
@@ -369,7 +370,10 @@ class AllreduceOptimizer(keras.optimizers.Optimizer):
             return
         reduce = self._reduction()
         if helper is None:
-            inner.apply(reduce(grads, variables), variables)
+            reduced = reduce(grads, variables)
+            if self._state.norms is not None:
+                self._record_norms(grads, reduced)
+            inner.apply(reduced, variables)
             return
         helper.add(grads, variables)
 
@@ -392,6 +396,49 @@ class AllreduceOptimizer(keras.optimizers.Optimizer):
         if not isinstance(counter, keras.Variable):
             counter = self.inner_optimizer._iterations
         counter.assign_add(1)
+
+    # -- gradient norms, for the noise scale ---------------------------------------------------
+
+    def track_gradient_norms(self):
+        """Keeps running sums of this rank's and the averaged gradient's squared norms.
+
+        Read by `kdist.callbacks.GradientNoiseScale`. Returns True when
+        tracking starts now (a train function traced before must be traced
+        again to record them), False when it was already on.
+        """
+        if self._agg_helper is not None:
+            raise ValueError("Gradient norms are tracked per update; with "
+                             "backward_passes_per_step > 1 the local gradient is a sum of "
+                             "passes and the noise scale would mix batch sizes.")
+        if self._state.norms is not None:
+            return False
+        import tensorflow as tf
+
+        with tf.init_scope():
+            self._state.norms = [keras.Variable(0.0, dtype="float32", trainable=False,
+                                                name=name)
+                                 for name in ("local_norm_sq", "reduced_norm_sq", "norm_steps")]
+        return True
+
+    def gradient_norms(self, reset=True):
+        """`(local, reduced, steps)`: sums over the steps since the last reset of
+        this rank's squared gradient norm and of the averaged gradient's."""
+        if self._state.norms is None:
+            raise ValueError("Call track_gradient_norms() before training.")
+        values = tuple(float(keras.ops.convert_to_numpy(v)) for v in self._state.norms)
+        if reset:
+            for variable in self._state.norms:
+                variable.assign(0.0)
+        return values
+
+    def _record_norms(self, grads, reduced):
+        reduced_sq = _squared_norm(reduced)
+        if self.op == Sum:
+            reduced_sq = reduced_sq / float(self.comm.size) ** 2
+        local, total, steps = self._state.norms
+        local.assign_add(_squared_norm(grads))
+        total.assign_add(reduced_sq)
+        steps.assign_add(1.0)
 
     # -- reduction ----------------------------------------------------------------------------
 
@@ -586,6 +633,20 @@ def _as_list(value):
     if isinstance(value, (str, keras.layers.Layer)) or _is_variable(value):
         return [value]
     return list(value)
+
+
+def _squared_norm(grads):
+    """The squared norm of a list of gradients taken as one vector (None entries skipped)."""
+    import tensorflow as tf
+
+    total = tf.zeros((), tf.float32)
+    for grad in grads:
+        if grad is None:
+            continue
+        if isinstance(grad, tf.IndexedSlices):
+            grad = tf.convert_to_tensor(grad)
+        total += tf.reduce_sum(tf.square(tf.cast(grad, tf.float32)))
+    return total
 
 
 def _divide(grad, size):
