@@ -17,8 +17,8 @@ PACKAGE = ROOT / "kdist"
 LAYERS = ["comm", "distribute", "callbacks", "precision", "optimizers", "sparsity", "tfmot",
           "ps", "gossip", "pipeline", "elastic", "gan", "tune", "cli"]
 PUBLIC_PACKAGES = ["kdist", "kdist.callbacks", "kdist.comm", "kdist.distribute",
-                   "kdist.elastic", "kdist.gan", "kdist.optimizers", "kdist.precision",
-                   "kdist.ps", "kdist.sparsity", "kdist.tune"]
+                   "kdist.elastic", "kdist.gan", "kdist.gossip", "kdist.optimizers",
+                   "kdist.precision", "kdist.ps", "kdist.sparsity", "kdist.tune"]
 
 
 def _module_name(path):

@@ -1,0 +1,175 @@
+"""Training without a centre: local steps, then averaging with neighbours.
+
+    rank 0 ── rank 1          every `period` steps each rank replaces its
+      │          │            weights w_i by  a_ii w_i + sum_j a_ij w_j
+    rank 3 ── rank 2          over its neighbours j (Metropolis weights)
+
+No rank talks to more than its neighbours and no collective spans the job
+during training, so the cost per rank stays flat as the job grows, and with
+`asynchronous=True` no rank ever waits for another: it mixes in whichever
+neighbours' weights have arrived and sends its own when the previous copy
+has left.
+"""
+
+import logging
+import math
+
+import keras
+import numpy as np
+
+from kdist import _args
+from kdist.comm import neighbours as neighbours_lib
+from kdist.comm import processes
+from kdist.comm.communicator import Average
+from kdist.gossip.topology import resolve
+
+logger = logging.getLogger(__name__)
+
+
+class GossipAveraging(keras.callbacks.Callback):
+    """Averages each rank's weights with its neighbours' every `period` batches.
+
+    Compile the model with a plain (local) optimizer: each rank trains its
+    own replica on its own shard, and this callback mixes the replicas. At
+    each epoch's end it adds `consensus_distance` to the logs, the
+    root-mean-square distance of the replicas from their mean (one
+    allreduce; 0 means every rank holds the same weights).
+
+    Args:
+        topology: `"ring"`, `"torus"`, `"exponential"`, `"complete"` or a
+            `kdist.gossip.Topology` over the job's ranks.
+        period: local steps between two averagings.
+        asynchronous: mix in whichever neighbours' weights have arrived, never
+            waiting; else every averaging waits for all neighbours.
+        final_average: at the end of training, replace every replica by the
+            mean of all (one allreduce), so every rank saves the same model.
+        include_non_trainable: mix non-trainable weights too (normalisation
+            statistics).
+        comm: the `kdist.comm.Communicator` (the world by default).
+
+    Example:
+
+        >>> from kdist.gossip import GossipAveraging
+        >>> gossip = GossipAveraging("ring", period=4)
+    """
+
+    def __init__(self, topology="ring", period=1, asynchronous=False, final_average=False,
+                 include_non_trainable=True, comm=None):
+        super().__init__()
+        self.topology = topology
+        self.period = _args.whole_number(period, "period", minimum=1)
+        self.asynchronous = bool(asynchronous)
+        self.final_average = bool(final_average)
+        self.include_non_trainable = bool(include_non_trainable)
+        self._comm = comm
+        self._exchange = None
+        self._graph = None
+        self._step = 0
+        self.rounds = 0
+        self.mixed = 0  # neighbour vectors mixed in
+
+    @property
+    def comm(self):
+        return self._comm if self._comm is not None else processes.world()
+
+    def _variables(self):
+        variables = list(self.model.trainable_weights)
+        if self.include_non_trainable:
+            variables += [v for v in self.model.non_trainable_weights
+                          if "float" in str(v.dtype)]
+        return variables
+
+    def _flat(self, variables):
+        return np.concatenate([np.asarray(keras.ops.convert_to_numpy(v), np.float32).ravel()
+                               for v in variables]) if variables else np.zeros(0, np.float32)
+
+    def _assign(self, variables, flat):
+        start = 0
+        for variable in variables:
+            count = math.prod(variable.shape)
+            variable.assign(flat[start:start + count].reshape(variable.shape).astype(
+                keras.backend.standardize_dtype(variable.dtype)))
+            start += count
+
+    def on_train_begin(self, logs=None):
+        if any(_reduces_gradients(o) for o in _optimizers(self.model)):
+            raise ValueError("Gossip trains each replica with its own optimizer; compile the "
+                             "model with a plain Keras optimizer, not kdist."
+                             "DistributedOptimizer (which would average every step).")
+        comm = self.comm
+        if comm.size < 2:
+            raise ValueError("Gossip averages replicas on 2 ranks or more; start the script "
+                             "with kdist run -n N.")
+        self._graph = resolve(self.topology, comm.size)
+        length = self._flat(self._variables()).size
+        self._exchange = neighbours_lib.NeighbourExchange(
+            comm, self._graph.neighbours(comm.rank), length)
+        self._weights = self._graph.weights(comm.rank)
+        self._step = 0
+        if comm.rank == 0:
+            logger.info("gossip on %r every %d step(s)%s; spectral gap %.3f", self._graph,
+                        self.period, ", asynchronous" if self.asynchronous else "",
+                        self._graph.spectral_gap())
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._step += 1
+        if self._step % self.period == 0:
+            self.average()
+
+    def average(self):
+        """One round of mixing with the neighbours (what the callback does every `period`
+        steps; call it yourself in a custom training loop)."""
+        variables = self._variables()
+        own = self._flat(variables)
+        if self.asynchronous:
+            arrived = self._exchange.offer(own)
+        else:
+            arrived = self._exchange.exchange(own)
+        if not arrived:
+            return
+        # Weight not given to a neighbour that sent nothing stays with this rank.
+        mixed = own * (1.0 - sum(self._weights[n] for n in arrived))
+        for n, vector in arrived.items():
+            mixed += self._weights[n] * vector
+        self._assign(variables, mixed)
+        self.rounds += 1
+        self.mixed += len(arrived)
+
+    def consensus_distance(self):
+        """Root-mean-square distance of the replicas from their mean (a collective)."""
+        own = self._flat(self._variables())
+        mean = self.comm.allreduce_(own.copy(), op=Average, label="gossip consensus")
+        spread = np.array([np.sum((own - mean) ** 2)], np.float64)
+        self.comm.allreduce_(spread, op=Average, label="gossip consensus spread")
+        return float(np.sqrt(spread[0]))
+
+    def on_epoch_end(self, epoch, logs=None):
+        distance = self.consensus_distance()
+        if logs is not None:
+            logs["consensus_distance"] = distance
+
+    def on_train_end(self, logs=None):
+        try:
+            if self._exchange is not None:
+                self._exchange.close()
+        finally:
+            self._exchange = None
+        if self.final_average:
+            variables = self._variables()
+            mean = self.comm.allreduce_(self._flat(variables), op=Average,
+                                        label="gossip final average")
+            self._assign(variables, mean)
+
+
+def _optimizers(model):
+    found = [getattr(model, "optimizer", None)]
+    found += list(getattr(model, "optimizers", None) or [])
+    return [o for o in found if o is not None]
+
+
+def _reduces_gradients(optimizer):
+    while optimizer is not None:
+        if getattr(optimizer, "reduces_gradients", False):
+            return True
+        optimizer = getattr(optimizer, "inner_optimizer", None)
+    return False
