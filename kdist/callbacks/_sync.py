@@ -9,6 +9,7 @@ from kdist.comm import processes
 
 _joined = weakref.WeakKeyDictionary()  # model -> the last epoch it joined at
 _local = weakref.WeakKeyDictionary()  # model -> ids of the variables each rank keeps to itself
+_independent = weakref.WeakSet()  # models whose steps hold no collective (gossip replicas)
 
 
 def join_once(model, epoch):
@@ -21,7 +22,7 @@ def join_once(model, epoch):
     an epoch does the work. Ranks that fed zeros missed updates, so the
     model and optimizer state are then copied from the rank that joined last.
     """
-    if processes.size() == 1:
+    if processes.size() == 1 or model in _independent:
         return
     if _joined.get(model) == epoch:
         return
@@ -61,6 +62,16 @@ def model_state(model):
         if optimizer.built:
             variables += list(optimizer.variables)
     return variables
+
+
+def steps_independently(model, independent=True):
+    """Marks `model` as trained by steps without collectives, where no rank can be left
+    inside a step's collective and joining (a collective of its own, which would hold
+    every rank to the slowest once per epoch) has nothing to do."""
+    if independent:
+        _independent.add(model)
+    else:
+        _independent.discard(model)
 
 
 def forget(model):

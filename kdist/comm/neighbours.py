@@ -45,11 +45,14 @@ class NeighbourExchange:
         self._raw = comm.mpi.Dup()
         self.dtype = np.dtype(dtype)
         self._outgoing = np.zeros(length, self.dtype)
+        self.length_bytes = self._outgoing.nbytes
         self._incoming = {n: np.zeros(length, self.dtype) for n in self.neighbours}
         self._latest = {n: np.zeros(length, self.dtype) for n in self.neighbours}
+        self._pending = {}  # per neighbour, so that a slow one holds back no other
         self._receives = {}
         self._sends = {}
         self.received = {n: 0 for n in self.neighbours}
+        self.sent = 0  # vectors sent, one per neighbour per round
         self.skipped_sends = 0
 
     def _message(self, buffer):
@@ -66,15 +69,17 @@ class NeighbourExchange:
         requests += [self._raw.Isend(self._message(self._outgoing), dest=n, tag=_TAG)
                      for n in self.neighbours]
         _wait_all(requests, f"the weights of neighbours {self.neighbours}")
+        self.sent += len(self.neighbours)
         for n in self.neighbours:
             self.received[n] += 1
         return dict(self._incoming)
 
     def offer(self, vector):
-        """Sends `vector` to every neighbour whose previous copy has left, without
+        """Sends `vector` to each neighbour that has taken the previous copy, without
         waiting; returns `{neighbour: vector}` for the neighbours whose vectors
         arrived since the last call (the newest of each)."""
         if not self._receives:
+            self._pending = {n: np.zeros_like(self._outgoing) for n in self.neighbours}
             for n in self.neighbours:
                 self._receives[n] = self._raw.Irecv(self._message(self._incoming[n]),
                                                     source=n, tag=_TAG)
@@ -87,13 +92,16 @@ class NeighbourExchange:
                 self.received[n] += 1
                 self._receives[n] = self._raw.Irecv(self._message(self._incoming[n]),
                                                     source=n, tag=_TAG)
-        if all(request.Test() for request in self._sends.values()):
-            np.copyto(self._outgoing, np.asarray(vector, self.dtype).reshape(-1))
-            self._sends = {n: self._raw.Isend(self._message(self._outgoing), dest=n, tag=_TAG)
-                           for n in self.neighbours}
-        else:
-            # A neighbour is behind: sending again would overwrite what is in flight.
-            self.skipped_sends += 1
+        vector = np.asarray(vector, self.dtype).reshape(-1)
+        for n in self.neighbours:
+            if n in self._sends and not self._sends[n].Test():
+                # This neighbour has not taken the previous copy yet: sending again
+                # would overwrite what is in flight, and it will get a newer one later.
+                self.skipped_sends += 1
+                continue
+            np.copyto(self._pending[n], vector)
+            self._sends[n] = self._raw.Isend(self._message(self._pending[n]), dest=n, tag=_TAG)
+            self.sent += 1
         return dict(fresh)
 
     def close(self):
@@ -118,10 +126,14 @@ class NeighbourExchange:
                         break
                     time.sleep(pause)
                     pause = min(pause * 2, 1e-3)
-            for request in self._receives.values():
+            for n, request in self._receives.items():
                 if request != MPI.REQUEST_NULL:
                     request.Cancel()
                     request.Wait()
+                # Copies that arrived unmatched would otherwise outlive the
+                # communicator, and could meet a later one that reuses its context.
+                while self._raw.Iprobe(source=n, tag=_TAG):
+                    self._raw.Recv(self._message(self._incoming[n]), source=n, tag=_TAG)
         self._receives, self._sends = {}, {}
         if self._raw is not None:
             self._raw.Free()

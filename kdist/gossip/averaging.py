@@ -19,6 +19,7 @@ import numpy as np
 
 from kdist import _args
 from kdist.comm import neighbours as neighbours_lib
+from kdist.callbacks import _sync
 from kdist.comm import processes
 from kdist.comm.communicator import Average
 from kdist.gossip.topology import resolve
@@ -35,6 +36,9 @@ class GossipAveraging(keras.callbacks.Callback):
     root-mean-square distance of the replicas from their mean (one
     allreduce; 0 means every rank holds the same weights).
 
+    After training, `rounds` counts this rank's averagings, `mixed` the
+    neighbours' vectors it mixed in, and `bytes_sent` what it sent.
+
     Args:
         topology: `"ring"`, `"torus"`, `"exponential"`, `"complete"` or a
             `kdist.gossip.Topology` over the job's ranks.
@@ -45,6 +49,10 @@ class GossipAveraging(keras.callbacks.Callback):
             mean of all (one allreduce), so every rank saves the same model.
         include_non_trainable: mix non-trainable weights too (normalisation
             statistics).
+        consensus_every: measure the consensus distance every this many
+            epochs; 0 never (the measurement is a collective, which makes
+            every rank wait for the slowest once per epoch: turn it off where
+            asynchronous ranks should never wait).
         comm: the `kdist.comm.Communicator` (the world by default).
 
     Example:
@@ -54,19 +62,22 @@ class GossipAveraging(keras.callbacks.Callback):
     """
 
     def __init__(self, topology="ring", period=1, asynchronous=False, final_average=False,
-                 include_non_trainable=True, comm=None):
+                 include_non_trainable=True, consensus_every=1, comm=None):
         super().__init__()
         self.topology = topology
         self.period = _args.whole_number(period, "period", minimum=1)
         self.asynchronous = bool(asynchronous)
         self.final_average = bool(final_average)
         self.include_non_trainable = bool(include_non_trainable)
+        self.consensus_every = _args.whole_number(consensus_every, "consensus_every",
+                                                  minimum=0)
         self._comm = comm
         self._exchange = None
         self._graph = None
         self._step = 0
         self.rounds = 0
         self.mixed = 0  # neighbour vectors mixed in
+        self.bytes_sent = 0
 
     @property
     def comm(self):
@@ -100,6 +111,9 @@ class GossipAveraging(keras.callbacks.Callback):
         if comm.size < 2:
             raise ValueError("Gossip averages replicas on 2 ranks or more; start the script "
                              "with kdist run -n N.")
+        # Each replica steps on its own: no rank can be caught in a step's collective,
+        # so the epoch-end join of kdist's callbacks must not hold ranks together.
+        _sync.steps_independently(self.model)
         self._graph = resolve(self.topology, comm.size)
         length = self._flat(self._variables()).size
         self._exchange = neighbours_lib.NeighbourExchange(
@@ -144,16 +158,19 @@ class GossipAveraging(keras.callbacks.Callback):
         return float(np.sqrt(spread[0]))
 
     def on_epoch_end(self, epoch, logs=None):
-        distance = self.consensus_distance()
-        if logs is not None:
-            logs["consensus_distance"] = distance
+        if self.consensus_every and (epoch + 1) % self.consensus_every == 0:
+            distance = self.consensus_distance()
+            if logs is not None:
+                logs["consensus_distance"] = distance
 
     def on_train_end(self, logs=None):
         try:
             if self._exchange is not None:
                 self._exchange.close()
+                self.bytes_sent += self._exchange.sent * self._exchange.length_bytes
         finally:
             self._exchange = None
+            _sync.steps_independently(self.model, False)
         if self.final_average:
             variables = self._variables()
             mean = self.comm.allreduce_(self._flat(variables), op=Average,
