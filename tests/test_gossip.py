@@ -158,6 +158,20 @@ out["fit"] = {"loss": history.history["loss"],
               "rounds": fitted.rounds, "bytes": fitted.bytes_sent,
               "weights": flat_weights(model)}
 
+# Checkpoints: rank 0's replica is saved each epoch, and a rerun resumes every rank from it.
+def checkpointed_fit(epochs):
+    keras.utils.set_random_seed(rank)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1, name="out")],
+                             name="resumable")
+    model.compile(keras.optimizers.SGD(0.05, name="sgd"), "mse")
+    checkpoint = kdist.callbacks.Checkpoint(os.path.join(os.environ["KDIST_TEST_REPORTS"], "ck"))
+    history = model.fit(x[rank::size], y[rank::size], batch_size=16, epochs=epochs, verbose=0,
+                        callbacks=[checkpoint, GossipAveraging("ring", consensus_every=0)])
+    return checkpoint.resumed_from, len(history.epoch)
+
+checkpointed_fit(2)
+out["resumed"] = checkpointed_fit(3)
+
 # A GAN: both of its models are mixed.
 import kdist.gan
 keras.utils.set_random_seed(rank)
@@ -204,4 +218,5 @@ def test_gossip_on_four_ranks_agrees_keeps_the_mean_and_never_waits(mpirun):
         np.testing.assert_allclose(report["gan"]["after"], reports[0]["gan"]["after"],
                                    atol=1e-6)
     assert reports[0]["gan"]["before"] != reports[1]["gan"]["before"]
+    assert all(report["resumed"] == [2, 1] for report in reports)
     assert reports[0]["fit"]["weights"][:4] == pytest.approx([1, -2, 0.5, 3], abs=0.1)
