@@ -148,7 +148,7 @@ rng = np.random.default_rng(0)
 x = rng.normal(size=(512, 4)).astype("float32")
 y = x @ np.array([[1.0], [-2.0], [0.5], [3.0]], "float32") + 0.7
 keras.utils.set_random_seed(rank)
-model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+model = keras.Sequential([keras.layers.Dense(1)])  # no Input: built in its first step
 model.compile(keras.optimizers.SGD(0.05), "mse")
 fitted = GossipAveraging("ring", period=2, final_average=True, consensus_every=2)
 history = model.fit(x[rank::size], y[rank::size], batch_size=16, epochs=4, verbose=0,

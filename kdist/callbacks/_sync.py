@@ -90,7 +90,11 @@ def built(model):
 
 def distributed_core(model):
     """The kdist optimizer inside `model`'s optimizer (wrappers unwrapped), or None."""
-    optimizer = getattr(model, "optimizer", None)
+    return reducing_core(getattr(model, "optimizer", None))
+
+
+def reducing_core(optimizer):
+    """The kdist optimizer that reduces gradients inside `optimizer`, or None."""
     while optimizer is not None:
         if getattr(optimizer, "reduces_gradients", False):
             return optimizer

@@ -12,17 +12,17 @@ has left.
 """
 
 import logging
-import math
 
 import keras
 import numpy as np
 
 from kdist import _args
-from kdist.comm import neighbours as neighbours_lib
 from kdist.callbacks import _sync
+from kdist.comm import neighbours as neighbours_lib
 from kdist.comm import processes
 from kdist.comm.communicator import Average
 from kdist.gossip.topology import resolve
+from kdist.ps.layout import Layout
 
 logger = logging.getLogger(__name__)
 
@@ -83,27 +83,21 @@ class GossipAveraging(keras.callbacks.Callback):
     def comm(self):
         return self._comm if self._comm is not None else processes.world()
 
-    def _variables(self):
-        variables = list(self.model.trainable_weights)
-        if self.include_non_trainable:
-            variables += [v for v in self.model.non_trainable_weights
-                          if "float" in str(v.dtype)]
-        return variables
+    def _shared(self):
+        """This rank's weights as one vector (a fresh copy) and the part of it that is
+        mixed: the trainable values first, then, if included, the others."""
+        own = self._layout.read()
+        return own, own if self.include_non_trainable else own[:self._layout.trainable_size]
 
-    def _flat(self, variables):
-        return np.concatenate([np.asarray(keras.ops.convert_to_numpy(v), np.float32).ravel()
-                               for v in variables]) if variables else np.zeros(0, np.float32)
-
-    def _assign(self, variables, flat):
-        start = 0
-        for variable in variables:
-            count = math.prod(variable.shape)
-            variable.assign(flat[start:start + count].reshape(variable.shape).astype(
-                keras.backend.standardize_dtype(variable.dtype)))
-            start += count
+    def _connect(self):
+        """Lays the weights out and opens the exchange (all ranks together)."""
+        self._layout = Layout(self.model)
+        length = self._shared()[1].size
+        self._exchange = neighbours_lib.NeighbourExchange(
+            self.comm, self._graph.neighbours(self.comm.rank), length)
 
     def on_train_begin(self, logs=None):
-        if any(_reduces_gradients(o) for o in _optimizers(self.model)):
+        if any(_sync.reducing_core(o) is not None for o in _optimizers(self.model)):
             raise ValueError("Gossip trains each replica with its own optimizer; compile the "
                              "model with a plain Keras optimizer, not kdist."
                              "DistributedOptimizer (which would average every step).")
@@ -115,9 +109,10 @@ class GossipAveraging(keras.callbacks.Callback):
         # so the epoch-end join of kdist's callbacks must not hold ranks together.
         _sync.steps_independently(self.model)
         self._graph = resolve(self.topology, comm.size)
-        length = self._flat(self._variables()).size
-        self._exchange = neighbours_lib.NeighbourExchange(
-            comm, self._graph.neighbours(comm.rank), length)
+        self._exchange = None
+        if _sync.built(self.model):
+            self._connect()
+        # else a model without Input: it has its weights after the first step.
         self._weights = self._graph.weights(comm.rank)
         self._step = 0
         if comm.rank == 0:
@@ -133,25 +128,27 @@ class GossipAveraging(keras.callbacks.Callback):
     def average(self):
         """One round of mixing with the neighbours (what the callback does every `period`
         steps; call it yourself in a custom training loop)."""
-        variables = self._variables()
-        own = self._flat(variables)
+        if self._exchange is None:
+            self._connect()
+        own, shared = self._shared()
         if self.asynchronous:
-            arrived = self._exchange.offer(own)
+            arrived = self._exchange.offer(shared)
         else:
-            arrived = self._exchange.exchange(own)
+            arrived = self._exchange.exchange(shared)
         if not arrived:
             return
         # Weight not given to a neighbour that sent nothing stays with this rank.
-        mixed = own * (1.0 - sum(self._weights[n] for n in arrived))
+        mixed = shared * (1.0 - sum(self._weights[n] for n in arrived))
         for n, vector in arrived.items():
             mixed += self._weights[n] * vector
-        self._assign(variables, mixed)
+        shared[:] = mixed
+        self._layout.write(own)
         self.rounds += 1
         self.mixed += len(arrived)
 
     def consensus_distance(self):
         """Root-mean-square distance of the replicas from their mean (a collective)."""
-        own = self._flat(self._variables())
+        own = self._shared()[1]
         mean = self.comm.allreduce_(own.copy(), op=Average, label="gossip consensus")
         spread = np.array([np.sum((own - mean) ** 2)], np.float64)
         self.comm.allreduce_(spread, op=Average, label="gossip consensus spread")
@@ -172,10 +169,10 @@ class GossipAveraging(keras.callbacks.Callback):
             self._exchange = None
             _sync.steps_independently(self.model, False)
         if self.final_average:
-            variables = self._variables()
-            mean = self.comm.allreduce_(self._flat(variables), op=Average,
-                                        label="gossip final average")
-            self._assign(variables, mean)
+            own, shared = self._shared()
+            shared[:] = self.comm.allreduce_(shared.copy(), op=Average,
+                                             label="gossip final average")
+            self._layout.write(own)
 
 
 def _optimizers(model):
@@ -183,10 +180,3 @@ def _optimizers(model):
     found += list(getattr(model, "optimizers", None) or [])
     return [o for o in found if o is not None]
 
-
-def _reduces_gradients(optimizer):
-    while optimizer is not None:
-        if getattr(optimizer, "reduces_gradients", False):
-            return True
-        optimizer = getattr(optimizer, "inner_optimizer", None)
-    return False
