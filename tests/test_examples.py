@@ -145,3 +145,22 @@ def test_quickstart_under_kdist_run_trains_and_prints_cleanly(mpiexec_path):
     for noise in ("absl::InitializeLog", "cuInit", "oneDNN", "Warning", "[0]", "[1] [1]",
                   "\x1b["):
         assert noise not in output, noise + "\n" + output[-3000:]
+
+
+PIPELINE_EXAMPLE = os.path.join(ROOT, "examples", "pipeline_parallel.py")
+
+
+@pytest.mark.mpi
+def test_pipeline_example_trains_a_model_over_the_budget_in_two_stages(mpirun):
+    job = mpirun(PIPELINE_EXAMPLE, n=2, args=["--epochs", 3], timeout=240)
+    assert re.search(r"whole model: 36\.9 MB with Adam's slots, over the 32\.0 MB budget; "
+                     r"stages: 12\.8 MB, 24\.1 MB", job.output), job.output[-3000:]
+    assert "Epoch 3/3" in job.output
+    assert _accuracy(job.output) > 0.85
+
+
+@pytest.mark.mpi
+def test_pipeline_example_refuses_a_stage_over_the_budget(mpirun):
+    job = mpirun(PIPELINE_EXAMPLE, n=2, args=["--budget-mb", 20], timeout=240, check=False)
+    assert job.returncode != 0
+    assert "stage 1 needs 24.1 MB, over the budget of 20.0 MB" in job.output

@@ -11,6 +11,7 @@ the replicas of that stage (data parallelism across pipelines).
 """
 
 import logging
+import time
 
 import h5py
 import keras
@@ -56,14 +57,16 @@ class PipelineModel(keras.Model):
         jit_compile: compile each stage's forward pass with XLA.
         comm: the `kdist.comm.Communicator` to span (the world by default).
 
-    >>> import keras, kdist
-    >>> from kdist.pipeline import PipelineModel, split
+    >>> import keras, kdist, numpy as np
+    >>> from kdist.pipeline import PipelineModel
     >>> kdist.init()
     >>> whole = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"),
     ...                           keras.layers.Dense(3)])
     >>> model = PipelineModel([whole], micro_batches=2)  # one stage: a world of one
     >>> model.compile(optimizer="sgd", loss="mse")
     >>> history = model.fit(np.ones((8, 8)), np.zeros((8, 3)), batch_size=4, verbose=0)
+    >>> model.profile["steps"]
+    2
     """
 
     def __init__(self, stages, micro_batches=4, schedule="1f1b", recompute=False, replicas=None,
@@ -103,6 +106,7 @@ class PipelineModel(keras.Model):
             # Replicas of a stage start from replica 0's weights.
             for variable in self.stage.weights:
                 variable.assign(self._data.bcast_(np.array(variable.numpy()), root=0))
+        self.reset_profile()
         self.run_eagerly = True  # messages pass between the compiled stages
         self.built = True
 
@@ -160,7 +164,15 @@ class PipelineModel(keras.Model):
         self._link.send([np.asarray(t) for t in tensors], stage, tag)
 
     def _recv(self, stage, tag):
-        return [tf.convert_to_tensor(a) for a in self._link.recv(stage, tag)]
+        start = time.perf_counter()
+        arrays = self._link.recv(stage, tag)
+        self.profile["waiting"] += time.perf_counter() - start
+        return [tf.convert_to_tensor(a) for a in arrays]
+
+    def reset_profile(self):
+        """Zeroes `profile`: seconds spent in schedules (`scheduled`) and, of those,
+        waiting for another stage (`waiting`); their ratio is the measured bubble."""
+        self.profile = {"scheduled": 0.0, "waiting": 0.0, "steps": 0}
 
     def _split_batch(self, x, y, sample_weight):
         """On the first stage: the micro-batches' inputs, targets and weights."""
@@ -273,6 +285,14 @@ class PipelineModel(keras.Model):
         return gradients[:len(variables)], gradients[len(variables):]
 
     def _run_schedule(self, parts, sizes, training):
+        start = time.perf_counter()
+        try:
+            return self._run_actions(parts, sizes, training)
+        finally:
+            self.profile["scheduled"] += time.perf_counter() - start
+            self.profile["steps"] += 1
+
+    def _run_actions(self, parts, sizes, training):
         total = float(sum(sizes))
         count = len(sizes)
         order = (schedule_lib.actions(self.schedule, self.stage_index, self.num_stages, count)

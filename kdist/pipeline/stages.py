@@ -15,6 +15,7 @@ def split(model, cuts):
         One `keras.Sequential` per stage, sharing the model's layers (and so
         its weights).
 
+    >>> import keras
     >>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8),
     ...                           keras.layers.Dense(8), keras.layers.Dense(2)])
     >>> [len(stage.layers) for stage in split(model, [1])]
