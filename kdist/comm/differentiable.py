@@ -6,8 +6,20 @@
 - broadcast: the gradient averaged over ranks on the root, zero elsewhere;
 - alltoall: the gradient sent back where its rows came from;
 - reducescatter: the gradient gathered from every rank's block.
+
+And the four that tensor parallelism (`kdist.pipeline.tensor`) builds on, where
+every rank of a group computes the same loss from the same data and each holds
+a slice of some layer's weights, so an upstream gradient of a replicated tensor
+is the same on every rank and is never averaged:
+
+- copy_to_group: identity; the gradient summed over the group;
+- reduce_from_group: a sum over the group; the gradient passed through;
+- gather_from_group: the group's slices joined along an axis; the gradient
+  sliced back to this rank's part;
+- scatter_to_group: this rank's slice along an axis; the gradient gathered.
 """
 
+import numpy as np
 import tensorflow as tf
 
 from kdist.comm import graph_ops
@@ -157,5 +169,117 @@ def reducescatter(tensor, op, comm, prescale, postscale, compression, label):
             return graph_ops.allgather(scaled, comm, label=f"gradient of {label}")
 
         return scatter(x), gradient
+
+    return scattered(tensor)
+
+
+def copy_to_group(tensor, comm, label="tensor-parallel input"):
+    """`tensor` unchanged; its gradient is the sum of the gradients over `comm`.
+
+    For an input replicated on every rank of a group whose ranks each use it
+    for their own slice of a layer: each rank's gradient covers its slice only.
+    """
+    tensor = tf.convert_to_tensor(tensor)
+    if comm.size == 1:
+        return tensor
+
+    @tf.custom_gradient
+    def copied(x):
+        def gradient(upstream):
+            return graph_ops.allreduce([upstream], comm, op="sum",
+                                       label=f"gradient of {label}")[0]
+
+        return tf.identity(x), gradient
+
+    return copied(tensor)
+
+
+def reduce_from_group(tensor, comm, label="tensor-parallel partial sum"):
+    """The sum of `tensor` over `comm`; the gradient passes through unchanged.
+
+    The upstream gradient of the sum is the same on every rank, and it is the
+    gradient of each rank's term.
+    """
+    tensor = tf.convert_to_tensor(tensor)
+    if comm.size == 1:
+        return tensor
+
+    @tf.custom_gradient
+    def reduced(x):
+        def gradient(upstream):
+            return tf.identity(upstream)
+
+        return graph_ops.allreduce([x], comm, op="sum", label=label)[0], gradient
+
+    return reduced(tensor)
+
+
+def _axis(tensor, axis):
+    rank = tensor.shape.rank
+    if rank is None or rank == 0:
+        raise ValueError(f"Gathering or slicing along an axis needs a tensor of known rank of "
+                         f"at least 1; got shape {tensor.shape}.")
+    if not -rank <= axis < rank:
+        raise ValueError(f"axis {axis} is outside a tensor of rank {rank}.")
+    return axis % rank
+
+
+def _gather(tensor, comm, axis, label):
+    # graph_ops.allgather joins along the first axis, so `axis` travels there and back.
+    perm = [axis] + [i for i in range(tensor.shape.rank) if i != axis]
+    front = tensor if axis == 0 else tf.transpose(tensor, perm)
+    gathered = graph_ops.allgather(front, comm, label=label)
+    if front.shape[0] is not None:
+        gathered.set_shape(tf.TensorShape([comm.size * front.shape[0]])
+                           .concatenate(front.shape[1:]))
+    return gathered if axis == 0 else tf.transpose(gathered, np.argsort(perm))
+
+
+def _own_slice(tensor, comm, axis):
+    width = tensor.shape[axis]
+    if width is not None and width % comm.size:
+        raise ValueError(f"Cannot cut axis {axis} of width {width} into {comm.size} equal "
+                         f"slices, one per rank of the group.")
+    return tf.split(tensor, comm.size, axis=axis)[comm.rank]
+
+
+def gather_from_group(tensor, comm, axis=-1, label="tensor-parallel gather"):
+    """Every rank's `tensor` joined along `axis`, in rank order (all slices the same shape).
+
+    The gradient is this rank's slice of the upstream gradient, which is the
+    same on every rank.
+    """
+    tensor = tf.convert_to_tensor(tensor)
+    axis = _axis(tensor, axis)
+    if comm.size == 1:
+        return tensor
+
+    @tf.custom_gradient
+    def gathered(x):
+        def gradient(upstream):
+            return _own_slice(upstream, comm, axis)
+
+        return _gather(x, comm, axis, label), gradient
+
+    return gathered(tensor)
+
+
+def scatter_to_group(tensor, comm, axis=-1, label="tensor-parallel scatter"):
+    """This rank's slice of `tensor` along `axis`, cut into equal slices in rank order.
+
+    `tensor` is the same on every rank; its gradient gathers every rank's
+    slice of the gradient back.
+    """
+    tensor = tf.convert_to_tensor(tensor)
+    axis = _axis(tensor, axis)
+    if comm.size == 1:
+        return tensor
+
+    @tf.custom_gradient
+    def scattered(x):
+        def gradient(upstream):
+            return _gather(upstream, comm, axis, f"gradient of {label}")
+
+        return _own_slice(x, comm, axis), gradient
 
     return scattered(tensor)

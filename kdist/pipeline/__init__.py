@@ -10,5 +10,14 @@
 
 from kdist.pipeline.model import PipelineModel, load_whole_model_weights
 from kdist.pipeline.stages import split
+from kdist.pipeline.tensor import (
+    ColumnParallelDense,
+    ColumnParallelEinsumDense,
+    RowParallelDense,
+    RowParallelEinsumDense,
+    TensorParallelMultiHeadAttention,
+)
 
-__all__ = ["PipelineModel", "load_whole_model_weights", "split"]
+__all__ = ["ColumnParallelDense", "ColumnParallelEinsumDense", "PipelineModel",
+           "RowParallelDense", "RowParallelEinsumDense", "TensorParallelMultiHeadAttention",
+           "load_whole_model_weights", "split"]

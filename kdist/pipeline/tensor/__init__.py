@@ -1,0 +1,51 @@
+"""Tensor parallelism: one layer's weights split over a group of ranks (Megatron-LM style).
+
+Each rank of the group holds a slice of the layer's kernel and computes its
+part of the layer; collectives inside the forward and backward passes join
+the parts, so every rank sees the same result the unsplit layer gives:
+
+- a column-parallel layer splits the kernel along an output axis: every rank
+  takes the whole input and produces its slice of the output (optionally
+  gathered back whole, `gather_output=True`);
+- a row-parallel layer splits it along a contracted (input) axis: every rank
+  takes its slice of the input, and the partial results are summed over the
+  group, after which the bias is added once.
+
+A column-parallel layer followed by a row-parallel one (the Megatron MLP, or
+attention with heads split) needs one sum forward and one backward, whatever
+the width in between. Every rank of the group must feed the same data and
+compute the same loss (tensor parallelism splits the model, not the batch),
+and call each layer in the same order.
+
+`group` is the group of ranks a layer is split over: None for the world (all
+ranks of the job; kdist starts if it has not), a `kdist.ProcessSet` or a
+`kdist.comm.Communicator`. It is not part of a layer's config: a layer made
+again from its config is split over the world. In a world of one rank each
+layer computes exactly what the unsplit Keras layer computes.
+
+A layer initializes the whole kernel with its initializer and keeps its
+slice, so that a model seeded alike starts from the same weights whatever the
+group's size (the whole kernel exists on each rank while the layer builds).
+Weights every rank holds whole (a row-parallel bias) must start equal on every
+rank: they do with the default zeros, or when every rank seeds alike
+(`keras.utils.set_random_seed`); their gradients are then equal too.
+`load_from_full` takes an unsplit layer's weights and keeps this rank's slice;
+`full_weights` gathers them back (every rank of the group must call it), for a
+checkpoint that does not depend on how the model is split.
+"""
+
+from kdist.pipeline.tensor._split import resolve_group
+from kdist.pipeline.tensor.attention import TensorParallelMultiHeadAttention
+from kdist.pipeline.tensor.dense import ColumnParallelDense, RowParallelDense
+from kdist.pipeline.tensor.einsum import ColumnParallelEinsumDense, RowParallelEinsumDense
+
+__all__ = [
+    "ColumnParallelDense",
+    "ColumnParallelEinsumDense",
+    "RowParallelDense",
+    "RowParallelEinsumDense",
+    "TensorParallelMultiHeadAttention",
+]
+
+# resolve_group is public for code that builds its own split layers; not a layer itself.
+_ = resolve_group
