@@ -70,7 +70,7 @@ from kdist.comm.capabilities import (  # noqa: E402
 # Modules that need Keras load on first use, so that `kdist run` and `kdist
 # --help` start without importing TensorFlow.
 _LAZY_MODULES = ("callbacks", "distribute", "elastic", "gan", "gossip", "optimizers",
-                 "precision", "ps", "sparsity", "tfmot", "tune")
+                 "pipeline", "precision", "ps", "sparsity", "tfmot", "tune")
 # Horovod's top-level names that need Keras, and where they live.
 _LAZY_NAMES = {
     "DistributedOptimizer": "kdist.optimizers",

@@ -18,7 +18,8 @@ LAYERS = ["comm", "distribute", "callbacks", "precision", "optimizers", "sparsit
           "ps", "gossip", "pipeline", "elastic", "gan", "tune", "cli"]
 PUBLIC_PACKAGES = ["kdist", "kdist.callbacks", "kdist.comm", "kdist.distribute",
                    "kdist.elastic", "kdist.gan", "kdist.gossip", "kdist.optimizers",
-                   "kdist.precision", "kdist.ps", "kdist.sparsity", "kdist.tune"]
+                   "kdist.pipeline", "kdist.precision", "kdist.ps", "kdist.sparsity",
+                   "kdist.tune"]
 
 
 def _module_name(path):
