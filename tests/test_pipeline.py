@@ -99,6 +99,7 @@ def _check_equal(result, stages, replicas):
         np.testing.assert_allclose(report["accuracy"], report["expected_accuracy"], rtol=1e-6)
         assert report["prediction_error"] < 1e-5
         assert report["restored_error"] < 1e-5
+        assert report["checkpoint_error"] < 1e-5
 
 
 @pytest.mark.parametrize("schedule_name, optimizer, recompute", [
