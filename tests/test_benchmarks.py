@@ -281,3 +281,22 @@ def test_tflite_export_benchmark_compares_sizes_latency_and_accuracy():
     keras_int8 = result["keras"]["qat/keras_int8"]
     assert keras_int8["size_ratio"] < 0.3  # int8 kernels, float biases and scales
     assert abs(keras_int8["accuracy"] - models["qat/int8"]["keras_accuracy"]) < 0.05
+
+
+def test_pipeline_benchmark_sets_bubbles_beside_the_formula_and_peaks_per_stage(mpiexec_path):
+    done = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "pipeline.py"),
+                           "--quick", "--parts", "bubble,memory", "--steps", "2"],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          timeout=400, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    result = _json_from(done.stdout)
+    assert [(r["schedule"], r["M"]) for r in result["bubble"]] == [
+        ("gpipe", 1), ("gpipe", 4), ("1f1b", 1), ("1f1b", 4)]
+    for row in result["bubble"]:
+        assert row["formula"] == pytest.approx(1 / (row["M"] + 1))
+        assert all(0 <= b < 1 for b in row["per_stage"]) and len(row["pass_seconds"]) == 2
+        assert 0 <= row["with_measured_times"] < 1
+    assert [(r["schedule"], r["recompute"]) for r in result["memory"]] == [
+        ("gpipe", False), ("gpipe", True)]
+    assert all(len(r["peak_above_start_mb"]) == 2 for r in result["memory"])
+    assert "| gpipe | 4 |" in done.stderr

@@ -144,6 +144,8 @@ class PipelineModel(keras.Model):
         super().compile(optimizer=optimizer, run_eagerly=True, jit_compile=False, **kwargs)
         self._pipeline_loss = CompileLoss(loss, loss_weights)
         self._pipeline_metrics = CompileMetrics(metrics, weighted_metrics)
+        # Without metrics the last stage need not keep a batch's outputs until its end.
+        self._keeps_outputs = bool(metrics or weighted_metrics)
         self._loss_mean = keras.metrics.Mean(name="loss")
         if not self.optimizer.built:
             self.optimizer.build(self.stage.trainable_variables)
@@ -170,9 +172,11 @@ class PipelineModel(keras.Model):
         return [tf.convert_to_tensor(a) for a in arrays]
 
     def reset_profile(self):
-        """Zeroes `profile`: seconds spent in schedules (`scheduled`) and, of those,
-        waiting for another stage (`waiting`); their ratio is the measured bubble."""
-        self.profile = {"scheduled": 0.0, "waiting": 0.0, "steps": 0}
+        """Zeroes `profile`: seconds spent in schedules (`scheduled`) and, of
+        those, waiting for another stage (`waiting`), in forward and backward passes
+        (`forward`, `backward`, over `micro_batches` micro-batches), and `steps`."""
+        self.profile = {"scheduled": 0.0, "waiting": 0.0, "steps": 0, "forward": 0.0,
+                        "backward": 0.0, "micro_batches": 0}
 
     def _split_batch(self, x, y, sample_weight):
         """On the first stage: the micro-batches' inputs, targets and weights."""
@@ -308,13 +312,16 @@ class PipelineModel(keras.Model):
                 targets = self._targets(parts, m) if self.is_last else None
                 if training and self.recompute:
                     states[m] = self._state()
+                start = time.perf_counter()
                 record, out, loss = self._forward(inputs, targets, share,
                                                   training and not self.recompute)
+                self.profile["forward"] += time.perf_counter() - start
+                self.profile["micro_batches"] += 1
                 if training:
                     records[m] = record
                     all_targets[m] = targets
                 if self.is_last:
-                    outputs[m] = out
+                    outputs[m] = out if self._keeps_outputs else None
                     losses.append(loss * share)
                     if not training:
                         all_targets[m] = targets
@@ -322,6 +329,7 @@ class PipelineModel(keras.Model):
                     self._send(tf.nest.flatten(out), self.stage_index + 1, _FORWARD)
             else:
                 upstream = None if self.is_last else self._recv(self.stage_index + 1, _BACKWARD)
+                start = time.perf_counter()
                 weights_grad, inputs_grad = self._backward(
                     records.pop(m), upstream, states.pop(m, None), share, all_targets.get(m))
                 if not self.is_first:
@@ -329,6 +337,7 @@ class PipelineModel(keras.Model):
                 weights_grad = [tf.convert_to_tensor(g) for g in weights_grad]
                 accumulated = weights_grad if accumulated is None else [
                     a + g for a, g in zip(accumulated, weights_grad)]
+                self.profile["backward"] += time.perf_counter() - start
         return accumulated, outputs, all_targets, losses
 
     def _penalty(self):
@@ -356,15 +365,17 @@ class PipelineModel(keras.Model):
 
     def _logs(self, outputs, targets, losses, size, own):
         if self.is_last:
-            y_pred = _concat(outputs)
-            y_true = _concat([targets[m][0] for m in range(len(outputs))])
-            weights = [targets[m][1] for m in range(len(outputs))]
-            weight = None if weights[0] is None else tf.concat(weights, 0)
-            self._pipeline_metrics.update_state(y_true, y_pred, weight)
+            if self._keeps_outputs:
+                y_pred = _concat(outputs)
+                y_true = _concat([targets[m][0] for m in range(len(outputs))])
+                weights = [targets[m][1] for m in range(len(outputs))]
+                weight = None if weights[0] is None else tf.concat(weights, 0)
+                self._pipeline_metrics.update_state(y_true, y_pred, weight)
             self._loss_mean.update_state(float(tf.add_n(losses)) + own, sample_weight=size)
             logs = {"loss": float(self._loss_mean.result())}
-            for name, value in self._pipeline_metrics.result().items():
-                logs[name] = float(value)
+            if self._keeps_outputs:
+                for name, value in self._pipeline_metrics.result().items():
+                    logs[name] = float(value)
         else:
             # Weight penalties of the other stages belong in the reported loss too.
             self._loss_mean.update_state(own, sample_weight=size)

@@ -63,10 +63,14 @@ def simulate(schedule, stages, micro_batches, forward_time=1.0, backward_time=2.
     """Runs the schedule on an ideal clock: returns (makespan, bubble fraction).
 
     Each action starts when its stage is free and its input has arrived
-    (messages take no time). The bubble is the share of the makespan a stage
-    spends idle, averaged over stages; with backward = 2 x forward it is
-    the GPipe formula (S - 1) / (M + S - 1) for both schedules.
+    (messages take no time). `forward_time` and `backward_time` are one
+    micro-batch's pass on a stage, the same for all or a list with one per
+    stage. The bubble is the share of the makespan a stage is idle, averaged
+    over stages; with equal stages it is (S - 1) / (M + S - 1) for both
+    schedules.
     """
+    forward = _per_stage(forward_time, stages)
+    backward = _per_stage(backward_time, stages)
     orders = [actions(schedule, s, stages, micro_batches) for s in range(stages)]
     done = {}  # (kind, stage, m) -> finish time
     clock = [0.0] * stages
@@ -80,10 +84,10 @@ def simulate(schedule, stages, micro_batches, forward_time=1.0, backward_time=2.
             kind, m = orders[s][position[s]]
             if kind == "F":
                 needed = ("F", s - 1, m) if s > 0 else None
-                length = forward_time
+                length = forward[s]
             else:
                 needed = ("B", s + 1, m) if s < stages - 1 else ("F", s, m)
-                length = backward_time
+                length = backward[s]
             if needed is not None and needed not in done:
                 continue
             start = max(clock[s], done.get(needed, 0.0))
@@ -95,5 +99,14 @@ def simulate(schedule, stages, micro_batches, forward_time=1.0, backward_time=2.
             raise RuntimeError(f"The {schedule} schedule deadlocks with {stages} stages and "
                                f"{micro_batches} micro-batches.")
     makespan = max(clock)
-    busy = micro_batches * (forward_time + backward_time)
-    return makespan, 1.0 - busy / makespan
+    idle = [1.0 - micro_batches * (forward[s] + backward[s]) / makespan for s in range(stages)]
+    return makespan, sum(idle) / stages
+
+
+def _per_stage(times, stages):
+    if isinstance(times, (int, float)):
+        return [float(times)] * stages
+    times = [float(t) for t in times]
+    if len(times) != stages:
+        raise ValueError(f"Give one time per stage ({stages}); got {len(times)}.")
+    return times
