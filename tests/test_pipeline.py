@@ -29,6 +29,17 @@ def test_both_schedules_idle_the_gpipe_share_and_1f1b_holds_fewer(name, stages, 
         assert held == [min(stages - s, micro_batches) for s in range(stages)]
 
 
+def test_unequal_passes_cost_gpipe_more_than_1f1b():
+    # The first stage's passes 2.5 + 3.5, the last stage's 2 + 4: equal work per
+    # micro-batch, split differently. 1F1B still idles the formula's share; in GPipe the
+    # last stage's longer backward passes hold up the first stage's, which idles more.
+    times = dict(forward_time=[2.5, 2.0], backward_time=[3.5, 4.0])
+    assert schedule.simulate("1f1b", 2, 4, **times)[1] == pytest.approx(0.2)
+    assert schedule.simulate("gpipe", 2, 4, **times)[1] == pytest.approx(0.238, abs=1e-3)
+    with pytest.raises(ValueError, match="one time per stage"):
+        schedule.simulate("gpipe", 2, 4, forward_time=[1.0])
+
+
 def test_bad_schedules_are_refused():
     with pytest.raises(ValueError, match="Unknown pipeline schedule"):
         schedule.actions("interleaved", 0, 2, 2)
