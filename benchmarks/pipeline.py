@@ -1,23 +1,30 @@
 """Pipeline parallelism measured: bubble, memory per rank, and speed against one process.
 
-    python benchmarks/pipeline.py [--parts bubble,memory,speed] [--steps 6]
+    python benchmarks/pipeline.py [--parts bubble,memory,speed] [--steps 6] [--quick]
 
-- **bubble**: 2 stages of equal work (two 1024-wide Dense layers each,
-  micro-batches of 64 rows), M = 1, 4, 8, 16 micro-batches, both schedules.
+- **bubble**: 2 stages of two 2048-wide Dense layers each, micro-batches of
+  128 rows, M = 1, 4, 8, 16 micro-batches, both schedules. The first stage
+  never computes its input's gradient; its first layer takes 2432 features,
+  which on this machine makes the two stages' passes equal within 3 %
+  (`pass_seconds` in the output shows them).
   A stage's bubble is the share of the step it is not computing: 1 - its
   busy time (the schedule's time less what it spent waiting for the other
   stage's messages, `PipelineModel.profile`) over the step's span (the
   longer of the two schedules; both start together). The table gives the
-  mean over the stages against the formula (S - 1) / (M + S - 1), which
-  assumes stages of equal work.
-- **memory**: 2 stages of four 1024-wide layers, M = 8 micro-batches of 256
-  rows; each rank's peak resident memory during training above what it held
-  before the first step, for GPipe and 1F1B, with and without recomputation.
-- **speed**: a model of eight 2048-wide layers (33.6M parameters, 403 MB
-  with Adam's two slots) against a simulated budget of 256 MB of weights and
+  mean over the stages, and the busiest stage's (the one that sets the
+  pace), against the formula (S - 1) / (M + S - 1), which assumes stages of
+  equal work.
+- **memory**: 2 stages of eight 256-wide layers, M = 8 micro-batches of 4096
+  rows (a micro-batch's activations in one stage: about 8 x 4 MB, against
+  2 MB of weights); each rank's peak resident memory during training above
+  what it held before the first step, for GPipe and 1F1B, with and without
+  recomputation.
+- **speed**: a model of eight 2048-wide layers (33.6M parameters, 384 MiB
+  with Adam's two slots) against a simulated budget of 256 MiB of weights and
   optimizer state per rank: whole it does not fit, in two stages it does.
-  Samples per second of the 2-stage pipeline (M = 8, one thread per rank)
-  against the whole model in one process with both cores.
+  Samples per second of the 2-stage pipeline (M = 8 micro-batches of 128
+  rows, one thread per rank) against the whole model in one process with
+  both cores, on batches of 1024.
 
 Each configuration is its own job (`kdist run -n 2`, one rank per core).
 Prints one JSON object, and markdown tables on stderr.
@@ -27,18 +34,32 @@ import argparse
 import json
 import os
 import re
-import resource
 import subprocess
 import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+from kdist.pipeline.schedule import simulate  # noqa: E402
 BUDGET_MB = 256
 
 
-def _rss_mb():
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+def _status_mb(field):
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError(f"/proc/self/status has no {field}")
+
+
+def _reset_peak():
+    """Hands freed heap back to the system (else training reuses it unseen), then makes
+    the kernel's peak resident size (VmHWM) start again from the current size."""
+    import ctypes
+
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
 
 
 def _layers(count, width):
@@ -58,6 +79,30 @@ def _stage_builder(index, layers, width, inputs):
     return build
 
 
+class _StepClock:
+    """Seconds from the first timed step's start to the last one's end: the steps'
+    pace, without fit's own start and the input pipeline's teardown."""
+
+    def __new__(cls):
+        import keras
+
+        class Clock(keras.callbacks.Callback):
+            start = end = None
+
+            def on_train_batch_begin(self, batch, logs=None):
+                if self.start is None:
+                    self.start = time.perf_counter()
+
+            def on_train_batch_end(self, batch, logs=None):
+                self.end = time.perf_counter()
+
+            @property
+            def seconds(self):
+                return self.end - self.start
+
+        return Clock()
+
+
 def child(args):
     import numpy as np
 
@@ -72,14 +117,15 @@ def child(args):
     from kdist.pipeline import PipelineModel
 
     kdist.init()
-    builders = [_stage_builder(i, args.layers // args.stages, args.width, args.width)
+    features = args.features or args.width
+    builders = [_stage_builder(i, args.layers // args.stages, args.width, features)
                 for i in range(args.stages)]
     batch = args.micro_batch * args.micro_batches
     rng = np.random.default_rng(0)
-    x = rng.normal(size=(batch * (args.steps + 2), args.width)).astype("float32")
+    x = rng.normal(size=(batch * (args.steps + 2), features)).astype("float32")
     y = rng.normal(size=(len(x), args.width)).astype("float32")
     if args.stages == 1:
-        model = keras.Sequential([keras.Input((args.width,))] + _layers(args.layers, args.width))
+        model = keras.Sequential([keras.Input((features,))] + _layers(args.layers, args.width))
         model.compile(optimizer=args.optimizer, loss="mse")
     else:
         model = PipelineModel(builders, micro_batches=args.micro_batches,
@@ -87,23 +133,29 @@ def child(args):
         model.compile(optimizer=args.optimizer, loss="mse")
     state_mb = sum(int(np.prod(w.shape)) for w in model.trainable_weights) * 4 / 2**20
     state_mb *= 3 if args.optimizer == "adam" else 1
-    before = _rss_mb()
+    # The batches exist (and nothing is freed) before the memory is first read, so the
+    # peak above it is the training's own: activations, gradients, messages.
+    warm_up = tf.data.Dataset.from_tensor_slices((x[:2 * batch], y[:2 * batch])).batch(batch)
+    timed = tf.data.Dataset.from_tensor_slices((x[2 * batch:], y[2 * batch:])).batch(batch)
+    _reset_peak()
+    before = _status_mb("VmRSS")
     # Two warm-up steps trace the stages; the timed steps follow.
-    model.fit(x[:2 * batch], y[:2 * batch], batch_size=batch, epochs=1, verbose=0,
-              shuffle=False)
+    model.fit(warm_up, epochs=1, verbose=0)
     if args.stages > 1:
         model.reset_profile()
-    start = time.perf_counter()
-    model.fit(x[2 * batch:], y[2 * batch:], batch_size=batch, epochs=1, verbose=0,
-              shuffle=False)
-    seconds = time.perf_counter() - start
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    clock = _StepClock()
+    model.fit(timed, epochs=1, verbose=0, callbacks=[clock])
+    seconds = clock.seconds
+    peak = _status_mb("VmHWM")
     result = {"rank": kdist.rank(), "samples_per_s": args.steps * batch / seconds,
+              "seconds": seconds,
               "peak_above_start_mb": peak - before, "weights_and_slots_mb": state_mb}
     if args.stages > 1:
         profile = model.profile
         result.update(scheduled=profile["scheduled"], waiting=profile["waiting"],
-                      busy=profile["scheduled"] - profile["waiting"])
+                      busy=profile["scheduled"] - profile["waiting"],
+                      forward=profile["forward"] / profile["micro_batches"],
+                      backward=profile["backward"] / profile["micro_batches"])
         model.close()
     print("RESULT " + json.dumps(result), flush=True)
 
@@ -135,28 +187,39 @@ def run(**config):
     return results
 
 
-def bubble(steps):
+def bubble(steps, quick=False):
     rows = []
+    width = 128 if quick else 2048
     for schedule in ("gpipe", "1f1b"):
-        for micro_batches in (1, 4, 8, 16):
-            ranks = run(stages=2, layers=4, width=1024, micro_batch=64,
+        for micro_batches in (1, 4) if quick else (1, 4, 8, 16):
+            ranks = run(stages=2, layers=4, width=width, features=width * 19 // 16,
+                        micro_batch=16 if quick else 128,
                         micro_batches=micro_batches, schedule=schedule, steps=steps,
                         optimizer="sgd")
             measured = sum(r["bubble"] for r in ranks) / len(ranks)
+            busiest = min(r["bubble"] for r in ranks)
             formula = 1 / (micro_batches + 1)
+            # The same schedule on an ideal clock with each stage's measured pass times:
+            # what is left between it and the measurement is the messages' cost.
+            _, ideal = simulate(schedule, 2, micro_batches, [r["forward"] for r in ranks],
+                                [r["backward"] for r in ranks])
             rows.append({"schedule": schedule, "M": micro_batches, "formula": formula,
                          "measured": measured, "ratio": measured / formula,
+                         "with_measured_times": ideal, "ratio_to_measured_times": measured / ideal,
+                         "pass_seconds": [[r["forward"], r["backward"]] for r in ranks],
+                         "busiest_stage": busiest, "busiest_ratio": busiest / formula,
                          "per_stage": [r["bubble"] for r in ranks],
                          "samples_per_s": ranks[0]["samples_per_s"]})
     return rows
 
 
-def memory(steps):
+def memory(steps, quick=False):
     rows = []
-    for schedule in ("gpipe", "1f1b"):
+    for schedule in ("gpipe",) if quick else ("gpipe", "1f1b"):
         for recompute in (False, True):
-            ranks = run(stages=2, layers=8, width=1024, micro_batch=256, micro_batches=8,
-                        schedule=schedule, recompute=recompute, steps=steps, optimizer="sgd")
+            ranks = run(stages=2, layers=16, width=256, micro_batch=256 if quick else 4096,
+                        micro_batches=8, schedule=schedule, recompute=recompute, steps=steps,
+                        optimizer="sgd")
             rows.append({"schedule": schedule, "recompute": recompute,
                          "peak_above_start_mb": [r["peak_above_start_mb"] for r in ranks],
                          "samples_per_s": ranks[0]["samples_per_s"]})
@@ -164,7 +227,7 @@ def memory(steps):
 
 
 def speed(steps):
-    common = dict(layers=8, width=2048, micro_batch=32, micro_batches=8, steps=steps,
+    common = dict(layers=8, width=2048, micro_batch=128, micro_batches=8, steps=steps,
                   optimizer="adam")
     whole = run(stages=1, **common)[0]
     piped = run(stages=2, schedule="1f1b", **common)
@@ -176,7 +239,9 @@ def speed(steps):
                            "fits_budget": all(r["weights_and_slots_mb"] <= BUDGET_MB
                                               for r in piped),
                            "samples_per_s": piped[0]["samples_per_s"],
-                           "bubble": [r["bubble"] for r in piped]},
+                           "bubble": [r["bubble"] for r in piped],
+                           "scheduled_share": [r["scheduled"] / r["seconds"] for r in piped],
+                           "pass_seconds": [[r["forward"], r["backward"]] for r in piped]},
             "speed_ratio": piped[0]["samples_per_s"] / whole["samples_per_s"]}
 
 
@@ -185,9 +250,12 @@ def main():
     parser.add_argument("--child", action="store_true")
     parser.add_argument("--parts", default="bubble,memory,speed")
     parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--quick", action="store_true",
+                        help="small layers and fewer cases: checks that the script runs")
     parser.add_argument("--stages", type=int, default=2)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--width", type=int, default=1024)
+    parser.add_argument("--features", type=int, default=0, help="inputs (default: width)")
     parser.add_argument("--micro-batch", type=int, default=64)
     parser.add_argument("--micro-batches", type=int, default=4)
     parser.add_argument("--schedule", default="1f1b")
@@ -199,14 +267,17 @@ def main():
     parts = args.parts.split(",")
     out = {}
     if "bubble" in parts:
-        out["bubble"] = bubble(args.steps)
-        print("| schedule | M | formula (S-1)/(M+S-1) | measured | measured/formula |\n"
-              "|---|---|---|---|---|", file=sys.stderr)
+        out["bubble"] = bubble(args.steps, args.quick)
+        print("| schedule | M | formula | measured (mean of stages) | / formula | busiest "
+              "stage | / formula | ideal clock, measured pass times | measured / that |\n"
+              "|---|---|---|---|---|---|---|---|---|", file=sys.stderr)
         for r in out["bubble"]:
             print(f"| {r['schedule']} | {r['M']} | {r['formula']:.3f} | {r['measured']:.3f} | "
-                  f"{r['ratio']:.2f} |", file=sys.stderr)
+                  f"{r['ratio']:.2f} | {r['busiest_stage']:.3f} | {r['busiest_ratio']:.2f} | "
+                  f"{r['with_measured_times']:.3f} | {r['ratio_to_measured_times']:.2f} |",
+                  file=sys.stderr)
     if "memory" in parts:
-        out["memory"] = memory(args.steps)
+        out["memory"] = memory(args.steps, args.quick)
         print("\n| schedule | recompute | peak above start, stage 0 / 1 (MB) | samples/s |\n"
               "|---|---|---|---|", file=sys.stderr)
         for r in out["memory"]:
