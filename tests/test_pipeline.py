@@ -92,6 +92,12 @@ def test_a_pipeline_needs_one_rank_per_stage_and_built_stages():
         PipelineModel([keras.Sequential([keras.layers.Dense(2)])])
     with pytest.raises(TypeError, match="keras.Model or a function"):
         PipelineModel(["dense"])
+    with pytest.raises(ValueError, match="tensor_parallel must be a whole number"):
+        PipelineModel([_sequential()], tensor_parallel=0)
+    from kdist.comm.communicator import Communicator
+    from kdist.pipeline.stages import build_stage
+    with pytest.raises(TypeError, match="give a function that takes the group"):
+        build_stage(_sequential(), 0, tensor_group=Communicator(None))
     model = PipelineModel([_sequential()])
     with pytest.raises(ValueError, match="needs a loss"):
         model.compile(optimizer="sgd")
@@ -131,3 +137,15 @@ def test_four_stages_and_two_by_two_hybrid_train_like_one_process(mpirun, tmp_pa
     _check_equal(hybrid, 2, 2)
     # Saved by two replicas of two stages, loaded into four stages.
     assert all(r["relaid_prediction_error"] < 1e-5 for r in hybrid.results.values())
+
+
+def test_stages_split_over_two_ranks_each_train_like_one_process(mpirun, tmp_path):
+    result = mpirun("pipeline_tensor.py", n=4, timeout=300, args=[tmp_path / "tp.h5"])
+    for rank in range(4):
+        report = result.rank(rank)
+        assert (report["stage"], report["tensor_rank"]) == (rank // 2, rank % 2)
+        assert report["shard"] == ([10, 8] if rank < 2 else [12, 4])
+        np.testing.assert_allclose(report["loss"], report["expected_loss"], rtol=1e-5)
+        # The file holds the whole model, gathered from the slices.
+        assert report["weight_error"] < 1e-5
+        assert report["prediction_error"] < 1e-5

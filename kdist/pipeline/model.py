@@ -33,7 +33,8 @@ class PipelineModel(keras.Model):
     """Trains a model cut into stages, one stage per rank, with `compile` and `fit`.
 
     Every rank runs the same script and builds the same `PipelineModel`; rank
-    r holds stage `r % len(stages)` of replica `r // len(stages)`. Give every
+    r holds stage `r % len(stages)` of replica `r // len(stages)` (with
+    `tensor_parallel=T`, T consecutive ranks hold each stage together). Give every
     rank the same data (the same number of batches): the first stage reads
     the inputs and sends the targets to the last one, so only its copy
     counts. Loss and metrics are computed on the last stage and every rank
@@ -53,7 +54,11 @@ class PipelineModel(keras.Model):
             forward pass again in the backward pass, trading about a third
             more compute for the activations' memory.
         replicas: pipelines trained data-parallel (default: the world's size
-            divided by the number of stages).
+            divided by stages x tensor_parallel).
+        tensor_parallel: ranks per stage (T). Each stage's builder is then
+            called with the `kdist.comm.Communicator` of its T ranks, to pass as
+            the `group` of its tensor-parallel layers (`ColumnParallelDense`...).
+            Rank `(replica * S + stage) * T + t` holds slice t of that stage.
         jit_compile: compile each stage's forward pass with XLA.
         comm: the `kdist.comm.Communicator` to span (the world by default).
 
@@ -70,7 +75,7 @@ class PipelineModel(keras.Model):
     """
 
     def __init__(self, stages, micro_batches=4, schedule="1f1b", recompute=False, replicas=None,
-                 jit_compile=False, comm=None, name=None):
+                 tensor_parallel=1, jit_compile=False, comm=None, name=None):
         super().__init__(name=name)
         stages = list(stages)
         if not stages:
@@ -78,23 +83,37 @@ class PipelineModel(keras.Model):
         if int(micro_batches) != micro_batches or micro_batches < 1:
             raise ValueError(f"micro_batches must be a whole number, at least 1; got "
                              f"{micro_batches}.")
+        if int(tensor_parallel) != tensor_parallel or tensor_parallel < 1:
+            raise ValueError(f"tensor_parallel must be a whole number of ranks per stage, at "
+                             f"least 1; got {tensor_parallel}.")
         self.micro_batches = int(micro_batches)
         self.schedule = schedule_lib.check(schedule)
         self.recompute = bool(recompute)
         self.num_stages = len(stages)
+        self.tensor_parallel = int(tensor_parallel)
         world = comm if comm is not None else processes.world()
+        per_replica = self.num_stages * self.tensor_parallel
         if replicas is None:
-            replicas = max(1, world.size // self.num_stages)
-        if int(replicas) != replicas or replicas < 1 or replicas * self.num_stages != world.size:
+            replicas = max(1, world.size // per_replica)
+        if int(replicas) != replicas or replicas < 1 or replicas * per_replica != world.size:
             raise ValueError(
                 f"{world.size} ranks cannot hold {replicas} replica(s) of {self.num_stages} "
-                f"stage(s); start {int(replicas) * self.num_stages} ranks (replicas x stages), "
+                f"stage(s) of {self.tensor_parallel} rank(s); start "
+                f"{int(replicas) * per_replica} ranks (replicas x stages x tensor_parallel), "
                 "or change the number of stages.")
         self.replicas = int(replicas)
-        self.replica, self.stage_index = divmod(world.rank, self.num_stages)
-        self._pipe = world.split(self.replica) if self.replicas > 1 else world
-        self._data = world.split(self.stage_index) if self.replicas > 1 else None
-        self.stage = build_stage(stages[self.stage_index], self.stage_index)
+        # Rank (replica * S + stage) * T + t: a stage's tensor-parallel ranks are neighbours.
+        position, self.tensor_rank = divmod(world.rank, self.tensor_parallel)
+        self.replica, self.stage_index = divmod(position, self.num_stages)
+        split = self.replicas > 1 or self.tensor_parallel > 1
+        # One pipeline per replica and tensor-parallel rank: rank t of each stage talks to
+        # rank t of the next, as every rank of a split stage holds its whole output.
+        self._pipe = (world.split(self.replica * self.tensor_parallel + self.tensor_rank)
+                      if split else world)
+        self._data = (world.split(self.stage_index * self.tensor_parallel + self.tensor_rank)
+                      if self.replicas > 1 else None)
+        self.tensor_group = world.split(position) if self.tensor_parallel > 1 else None
+        self.stage = build_stage(stages[self.stage_index], self.stage_index, self.tensor_group)
         self._link = StageLink(self._pipe) if self.num_stages > 1 else None
         self._forward_fn = tf.function(self._stage_forward, jit_compile=bool(jit_compile),
                                        reduce_retracing=True)
@@ -431,8 +450,15 @@ class PipelineModel(keras.Model):
         a pipeline cut elsewhere, with another number of replicas, or into the
         whole model in one process (`kdist.pipeline.load_whole_model_weights`).
         """
-        own = {self._first_layer + i: (layer.name, [w.numpy() for w in layer.weights])
-               for i, layer in enumerate(weighted_layers(self.stage))}
+        own = {}
+        for index, layer in enumerate(weighted_layers(self.stage)):
+            # A tensor-parallel layer's whole weights, gathered over its group (every rank
+            # of the group takes part), so that the file holds the unsplit model.
+            values = (layer.full_weights() if hasattr(layer, "full_weights")
+                      else [w.numpy() for w in layer.weights])
+            own[self._first_layer + index] = (layer.name, [np.asarray(v) for v in values])
+        if self.tensor_rank != 0:
+            return
         gathered = self._pipe.allgather_object(own)
         if self._pipe.rank != 0 or self.replica != 0:
             return
@@ -447,7 +473,10 @@ class PipelineModel(keras.Model):
         stored = _read_layers(str(filepath), range(self._first_layer,
                                                    self._first_layer + len(layers)))
         for index, layer in enumerate(layers):
-            _assign(layer, stored[self._first_layer + index], self._first_layer + index)
+            if hasattr(layer, "load_from_full"):
+                layer.load_from_full(stored[self._first_layer + index][1])
+            else:
+                _assign(layer, stored[self._first_layer + index], self._first_layer + index)
 
     def save(self, *args, **kwargs):
         raise NotImplementedError(

@@ -51,10 +51,18 @@ def split(model, cuts):
     return stages
 
 
-def build_stage(stage, index):
-    """The stage's model: `stage` itself, or what a builder function returns."""
+def build_stage(stage, index, tensor_group=None):
+    """The stage's model: `stage` itself, or what a builder function returns.
+
+    With a `tensor_group` (the `Communicator` of the ranks that split the stage),
+    a builder is called with it, to pass to its tensor-parallel layers' `group`.
+    """
     if callable(stage) and not isinstance(stage, keras.Model):
-        stage = stage()
+        stage = stage() if tensor_group is None else stage(tensor_group)
+    elif tensor_group is not None:
+        raise TypeError(f"Stage {index} is split over {tensor_group.size} ranks: give a "
+                        "function that takes the group and builds the stage with "
+                        "tensor-parallel layers over it, not a built model.")
     if not isinstance(stage, keras.Model):
         raise TypeError(f"Stage {index} must be a keras.Model or a function that builds one; "
                         f"got {type(stage).__name__}.")
