@@ -49,6 +49,8 @@ def test_every_guide_and_reference_page_is_built(site):
     ("ps", ["kdist.ps.ParameterServerStrategy"]),
     ("sparsity", ["kdist.sparsity.prune"]),
     ("elastic", ["kdist.elastic.KerasState"]),
+    ("pipeline", ["kdist.pipeline.PipelineModel", "kdist.pipeline.split",
+                  "kdist.pipeline.ColumnParallelDense", "kdist.pipeline.schedule"]),
 ])
 def test_reference_pages_document_the_public_names(site, page, names):
     html = (site / "reference" / page / "index.html").read_text()

@@ -18,8 +18,9 @@ def split(model, cuts):
     >>> import keras
     >>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8),
     ...                           keras.layers.Dense(8), keras.layers.Dense(2)])
-    >>> [len(stage.layers) for stage in split(model, [1])]
-    [1, 2]
+    >>> first, second = split(model, [1])
+    >>> len(first.layers), len(second.layers)
+    (1, 2)
     """
     if not isinstance(model, keras.Sequential):
         raise TypeError("split() cuts keras.Sequential models; for another model, build one "

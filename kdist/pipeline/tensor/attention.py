@@ -38,12 +38,13 @@ class TensorParallelMultiHeadAttention(keras.layers.Layer):
 
     Args:
         num_heads: the unsplit number of heads; divisible by the group size.
-        key_dim, value_dim, dropout, use_bias, output_shape (an int),
-        kernel_initializer, bias_initializer, kernel_regularizer,
-        bias_regularizer, kernel_constraint, bias_constraint, seed: as for
-            `keras.layers.MultiHeadAttention`.
+        key_dim: as for `keras.layers.MultiHeadAttention`.
         group: None (the world), a `kdist.ProcessSet` or a
             `kdist.comm.Communicator`. Not saved in the config.
+
+    The other arguments (`value_dim`, `dropout`, `use_bias`, `output_shape`
+    as an int, the initializers, regularizers and constraints, `seed`) are
+    those of `keras.layers.MultiHeadAttention`.
 
     Call arguments: `query`, `value`, `key=None` (`value`), `attention_mask`
     (boolean, `(batch, query length, key length)`: True where a query may

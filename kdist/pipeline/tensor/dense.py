@@ -32,10 +32,11 @@ class ColumnParallelDense(_Split):
         group: the ranks to split over: None (the world), a `kdist.ProcessSet`
             or a `kdist.comm.Communicator`. Not saved in the config.
         gather_output: return all units on every rank instead of this rank's slice.
-        activation, use_bias, kernel_initializer, bias_initializer,
-        kernel_regularizer, bias_regularizer, kernel_constraint,
-        bias_constraint: as for `keras.layers.Dense`. A regularizer sees this
-            rank's slice only, which gives the slice its true gradient.
+
+    The other arguments (`activation`, `use_bias`, the initializers,
+    regularizers and constraints) are those of `keras.layers.Dense`. A
+    regularizer sees this rank's slice only, which gives the slice its true
+    gradient.
 
     Example (in a world of one rank it is a `Dense`):
 
@@ -116,7 +117,8 @@ class RowParallelDense(_Split):
             rank's slice of the features, as a `ColumnParallelDense` without
             `gather_output` gives it; False to pass all `d` features on every
             rank and let the layer take its slice (`d` divisible by the group size).
-        activation, use_bias, ...: as for `keras.layers.Dense`.
+
+    The other arguments are those of `keras.layers.Dense`.
 
     Example (the Megatron MLP: one allreduce forward, one backward):
 

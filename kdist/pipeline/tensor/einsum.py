@@ -169,14 +169,17 @@ class ColumnParallelEinsumDense(_SplitEinsum):
     the same on every rank.
 
     Args:
-        equation, output_shape, bias_axes: as for `keras.layers.EinsumDense`
-            (the unsplit output_shape, without the batch axis; no `...`).
+        equation: as for `keras.layers.EinsumDense` (no `...`).
+        output_shape: the unsplit output shape, without the batch axis.
         split_axis: the letter of the kernel axis to split; its size must be
             divisible by the group size.
         group: None (the world), a `kdist.ProcessSet` or a
             `kdist.comm.Communicator`. Not saved in the config.
+        bias_axes: as for `keras.layers.EinsumDense`.
         gather_output: return the whole output on every rank.
-        activation, kernel_initializer, ...: as for `EinsumDense`.
+
+    The other arguments (`activation`, the initializers, regularizers and
+    constraints) are those of `keras.layers.EinsumDense`.
 
     Example (query projection of 4 heads of 8, each rank computing its heads):
 
@@ -261,14 +264,16 @@ class RowParallelEinsumDense(_SplitEinsum):
     group, then the bias (held whole on every rank) is added once.
 
     Args:
-        equation, output_shape, bias_axes: as for `keras.layers.EinsumDense`
-            (no `...`).
+        equation: as for `keras.layers.EinsumDense` (no `...`).
+        output_shape: the output shape, without the batch axis.
         split_axis: the letter of the contracted kernel axis to split.
         group: None (the world), a `kdist.ProcessSet` or a
             `kdist.comm.Communicator`. Not saved in the config.
+        bias_axes: as for `keras.layers.EinsumDense`.
         input_is_parallel: True when the input is already this rank's slice
             along `split_axis` (what a `ColumnParallelEinsumDense` returns).
-        activation, kernel_initializer, ...: as for `EinsumDense`.
+
+    The other arguments are those of `keras.layers.EinsumDense`.
 
     Example (the output projection of 4 heads of 8 back to 16 features):
 
