@@ -7,13 +7,15 @@
   never computes its input's gradient; its first layer takes 2432 features,
   which on this machine makes the two stages' passes equal within 3 %
   (`pass_seconds` in the output shows them).
-  A stage's bubble is the share of the step it is not computing: 1 - its
-  busy time (the schedule's time less what it spent waiting for the other
-  stage's messages, `PipelineModel.profile`) over the step's span (the
-  longer of the two schedules; both start together). The table gives the
-  mean over the stages, and the busiest stage's (the one that sets the
-  pace), against the formula (S - 1) / (M + S - 1), which assumes stages of
-  equal work.
+  A stage's bubble is the share of the step it is idle: outside its own
+  schedule but within the step's span (the longer of the two schedules; both
+  start together), or blocked until the other stage's next message arrives
+  (`PipelineModel.profile["waiting"]`). Taking a message in once it has
+  arrived (copying its megabyte) is communication, reported apart as
+  `receiving`. The table gives the mean over the stages, and the busiest
+  stage's (the one that sets the pace), against the formula
+  (S - 1) / (M + S - 1), which assumes stages of equal work and free
+  messages.
 - **memory**: 2 stages of eight 256-wide layers, M = 8 micro-batches of 4096
   rows (a micro-batch's activations in one stage: about 8 x 4 MB, against
   2 MB of weights); each rank's peak resident memory during training above
@@ -153,6 +155,7 @@ def child(args):
     if args.stages > 1:
         profile = model.profile
         result.update(scheduled=profile["scheduled"], waiting=profile["waiting"],
+                      receiving=profile["receiving"],
                       busy=profile["scheduled"] - profile["waiting"],
                       forward=profile["forward"] / profile["micro_batches"],
                       backward=profile["backward"] / profile["micro_batches"])
@@ -184,6 +187,7 @@ def run(**config):
         span = max(r["scheduled"] for r in results)
         for r in results:
             r["bubble"] = 1 - r["busy"] / span
+            r["receiving_share"] = r["receiving"] / span
     return results
 
 
@@ -191,7 +195,7 @@ def bubble(steps, quick=False):
     rows = []
     width = 128 if quick else 2048
     for schedule in ("gpipe", "1f1b"):
-        for micro_batches in (1, 4) if quick else (1, 4, 8, 16):
+        for micro_batches in (4,) if quick else (1, 4, 8, 16):
             ranks = run(stages=2, layers=4, width=width, features=width * 19 // 16,
                         micro_batch=16 if quick else 128,
                         micro_batches=micro_batches, schedule=schedule, steps=steps,
@@ -207,6 +211,7 @@ def bubble(steps, quick=False):
                          "measured": measured, "ratio": measured / formula,
                          "with_measured_times": ideal, "ratio_to_measured_times": measured / ideal,
                          "pass_seconds": [[r["forward"], r["backward"]] for r in ranks],
+                         "receiving_share": [r["receiving_share"] for r in ranks],
                          "busiest_stage": busiest, "busiest_ratio": busiest / formula,
                          "per_stage": [r["bubble"] for r in ranks],
                          "samples_per_s": ranks[0]["samples_per_s"]})

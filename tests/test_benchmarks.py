@@ -290,11 +290,11 @@ def test_pipeline_benchmark_sets_bubbles_beside_the_formula_and_peaks_per_stage(
                           timeout=400, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     result = _json_from(done.stdout)
-    assert [(r["schedule"], r["M"]) for r in result["bubble"]] == [
-        ("gpipe", 1), ("gpipe", 4), ("1f1b", 1), ("1f1b", 4)]
+    assert [(r["schedule"], r["M"]) for r in result["bubble"]] == [("gpipe", 4), ("1f1b", 4)]
     for row in result["bubble"]:
         assert row["formula"] == pytest.approx(1 / (row["M"] + 1))
         assert all(0 <= b < 1 for b in row["per_stage"]) and len(row["pass_seconds"]) == 2
+        assert all(0 <= share < 1 for share in row["receiving_share"])
         assert 0 <= row["with_measured_times"] < 1
     assert [(r["schedule"], r["recompute"]) for r in result["memory"]] == [
         ("gpipe", False), ("gpipe", True)]

@@ -10,6 +10,8 @@ sent, which is all the matching the schedules need. The link runs on its own
 duplicate of the communicator, so its tags meet no other layer's.
 """
 
+import time
+
 import numpy as np
 
 from kdist.comm.p2p import _wait, _wait_any
@@ -57,6 +59,10 @@ class StageLink:
         self.rank, self.size = comm.rank, comm.size
         self._in_flight = []  # (request, buffer kept alive until the send completes)
         self.bytes_sent = 0
+        # Seconds blocked until a message's header came (the sender was not there yet),
+        # and seconds taking in its buffers once it had.
+        self.seconds_waiting = 0.0
+        self.seconds_receiving = 0.0
 
     def send(self, arrays, dest, tag):
         """Starts sending `arrays` (numpy arrays) to rank `dest`; returns at once."""
@@ -80,8 +86,11 @@ class StageLink:
     def recv(self, source, tag):
         """Waits for the arrays that rank `source` sent with `tag`; returns them as a list."""
         header = np.zeros(_HEADER, np.int64)
+        start = time.perf_counter()
         _wait(self._raw.Irecv(_message(header), source=source, tag=tag),
               f"a pipeline message (tag {tag}) from rank {source}")
+        arrived = time.perf_counter()
+        self.seconds_waiting += arrived - start
         arrays = []
         for index in range(int(header[0])):
             start = 1 + index * (2 + _MAX_RANK)
@@ -92,6 +101,7 @@ class StageLink:
         while requests:
             index = _wait_any(requests, f"a pipeline message (tag {tag}) from rank {source}")
             requests.pop(index)
+        self.seconds_receiving += time.perf_counter() - arrived
         return arrays
 
     def _forget_finished(self):

@@ -185,17 +185,19 @@ class PipelineModel(keras.Model):
         self._link.send([np.asarray(t) for t in tensors], stage, tag)
 
     def _recv(self, stage, tag):
-        start = time.perf_counter()
+        waited, received = self._link.seconds_waiting, self._link.seconds_receiving
         arrays = self._link.recv(stage, tag)
-        self.profile["waiting"] += time.perf_counter() - start
+        self.profile["waiting"] += self._link.seconds_waiting - waited
+        self.profile["receiving"] += self._link.seconds_receiving - received
         return [tf.convert_to_tensor(a) for a in arrays]
 
     def reset_profile(self):
         """Zeroes `profile`: seconds spent in schedules (`scheduled`) and, of
-        those, waiting for another stage (`waiting`), in forward and backward passes
+        those, idle until another stage's message came (`waiting`: the bubble), taking
+        messages in once they had (`receiving`), in forward and backward passes
         (`forward`, `backward`, over `micro_batches` micro-batches), and `steps`."""
-        self.profile = {"scheduled": 0.0, "waiting": 0.0, "steps": 0, "forward": 0.0,
-                        "backward": 0.0, "micro_batches": 0}
+        self.profile = {"scheduled": 0.0, "waiting": 0.0, "receiving": 0.0, "steps": 0,
+                        "forward": 0.0, "backward": 0.0, "micro_batches": 0}
 
     def _split_batch(self, x, y, sample_weight):
         """On the first stage: the micro-batches' inputs, targets and weights."""
