@@ -172,6 +172,14 @@ class Checkpoint(keras.callbacks.Callback):
         self.resumed_from = None
 
     def on_train_begin(self, logs=None):
+        if getattr(self.model, "ranks_hold_different_weights", False):
+            # Rank 0's state, saved for all and broadcast back on resume, is one part of
+            # such a model (a pipeline stage): refuse before any collective starts.
+            raise ValueError(
+                "kdist.callbacks.Checkpoint saves rank 0's weights for every rank, but each "
+                "rank of this model holds a different part of it (a pipeline stage or a "
+                "slice). Save it with keras.callbacks.ModelCheckpoint(path, "
+                "save_weights_only=True), which calls the model's own save_weights.")
         _sync.forget(self.model)
         if processes.world_generation() > 0:
             # An elastic job that lost or gained ranks: its last commit, already

@@ -125,6 +125,8 @@ class PipelineModel(keras.Model):
             # Replicas of a stage start from replica 0's weights.
             for variable in self.stage.weights:
                 variable.assign(self._data.bcast_(np.array(variable.numpy()), root=0))
+        # Read by callbacks that would save or broadcast rank 0's weights for all ranks.
+        self.ranks_hold_different_weights = per_replica > 1
         self.reset_profile()
         self.run_eagerly = True  # messages pass between the compiled stages
         self.built = True

@@ -64,6 +64,13 @@ saved_each_epoch = keras.callbacks.ModelCheckpoint(path + ".epoch.weights.h5",
 history = model.fit(x[rows], y[rows], batch_size=BATCH, epochs=EPOCHS, shuffle=False,
                     verbose=2 if kdist.rank() == 0 else 0, callbacks=[saved_each_epoch]).history
 
+try:
+    model.fit(x[rows][:BATCH], y[rows][:BATCH], batch_size=BATCH, epochs=1, verbose=0,
+              callbacks=[kdist.callbacks.Checkpoint(path + ".kdist-checkpoint")])
+    refused = None
+except ValueError as error:
+    refused = str(error)
+
 mine = [whole.layers.index(layer) for layer in model.stage.layers]
 error = max(float(np.max(np.abs(a.numpy() - b.numpy())))
             for i in mine for a, b in zip(whole.layers[i].weights, reference.layers[i].weights))
@@ -96,5 +103,5 @@ report({
     "prediction_error": float(np.max(np.abs(prediction - reference.predict(x[:7], verbose=0)))),
     "evaluation": evaluation,
     "restored_error": restored_error, "relaid_prediction_error": relaid,
-    "checkpoint_error": checkpoint_error,
+    "checkpoint_error": checkpoint_error, "kdist_checkpoint_refused": refused,
 })
