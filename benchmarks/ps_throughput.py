@@ -1,16 +1,28 @@
-"""How fast the parameter-server master applies updates, against the bound of memory speed.
+"""How fast the parameter-server master applies updates, against the bounds of memory speed.
 
-    kdist run -n 5 --no-prefix benchmarks/ps_throughput.py
+    kdist run -n 2 --no-prefix python benchmarks/ps_throughput.py   # 1 master, 1 worker
+    kdist run -n 5 --no-prefix python benchmarks/ps_throughput.py   # 1 master, 4 workers
 
 Rank 0 serves; the other ranks are workers that send updates as fast as the
 master answers (no training, so only the master's path is measured). For
-each model size (default 1M and 10M float32 parameters) and mode, the master
-reports updates applied per second, and the bound measured in the same run:
-the rate of an in-place numpy add of the same size (`center += update`), the
-least work an update can cost. `fraction_of_bound` = rate / bound; target >= 0.5.
-Since two 1M-parameter arrays fit in a large L3 cache, the same add cycling
-through as many buffers as the master keeps is reported too (`cold_bound`).
-Prints one JSON object on rank 0.
+each model size (default 1M and 10M float32 parameters), transport (shared
+memory, `kdist.ps.shared`, and plain messages) and mode, the master reports
+updates per second of wall-clock time and per second of its own CPU time,
+and the staleness histogram. Bounds measured in the same run:
+
+- `add`: an in-place numpy add of the model (`center += update`), the
+  least work an update can cost;
+- `cold add`: `np.add(a, b, out=c)` cycling through as many buffers as the
+  master keeps, so that they come from memory, not cache (two 1M-parameter
+  arrays fit in a large L3 cache);
+- `copy`: `np.copyto` of the model, the machine's copy bandwidth in models
+  per second; a message costs at least one copy on each side.
+
+Each rate is reported as a fraction of each bound. With one worker the
+worker waits for every reply, so the wall-clock rate is the round trip; with
+several, ranks share cores on a small machine and the rate per CPU second is
+the master's own cost. Targets: 0.5 of the add bound for Downpour and EASGD,
+0.3 for GEM. Prints one JSON object on rank 0.
 """
 
 import argparse
@@ -23,6 +35,9 @@ import kdist
 from kdist.ps import protocol, rules
 from kdist.ps.link import Link
 from kdist.ps.server import Server
+from kdist.ps.shared import SharedSlots
+
+TARGETS = {"downpour": 0.5, "easgd": 0.5, "gem": 0.3}
 
 
 def add_rate(size, repeats=30):
@@ -50,10 +65,21 @@ def cold_add_rate(size, buffers, repeats=30):
     return 1.0 / float(np.median(samples))
 
 
-def serve(comm, size, mode, updates_per_worker):
+def copy_rate(size, repeats=30):
+    """Model-sized copies per second (median of repeats), from memory."""
+    arrays = [np.full(size, 1e-6, dtype=np.float32) for _ in range(4)]
+    samples = []
+    for i in range(repeats):
+        started = time.perf_counter()
+        np.copyto(arrays[(i + 1) % 4], arrays[i % 4])
+        samples.append(time.perf_counter() - started)
+    return 1.0 / float(np.median(samples))
+
+
+def serve(comm, size, mode, slots):
     rule = rules.make(mode, size)
     center = np.zeros(size, dtype=np.float32)
-    server = Server(comm, list(range(1, comm.size)), center, size, rule)
+    server = Server(comm, list(range(1, comm.size)), center, size, rule, slots=slots)
     comm.barrier()
     started = time.perf_counter()
     server.run()
@@ -61,15 +87,21 @@ def serve(comm, size, mode, updates_per_worker):
     stats = server.stats()
     return {"updates": stats["updates"], "seconds": elapsed,
             "updates_per_second": stats["updates"] / elapsed,
+            "master_cpu_seconds": stats["cpu_seconds"],
+            "updates_per_cpu_second": stats["updates"] / max(stats["cpu_seconds"], 1e-9),
             "master_utilisation": stats["utilisation"],
-            "staleness_mean": stats["staleness_mean"]}
+            "shared_children": stats["shared_children"],
+            "staleness_mean": stats["staleness_mean"],
+            "staleness_histogram": stats["staleness_histogram"]}
 
 
-def work(comm, size, updates):
-    link = Link(comm, 0, size)
-    link.message.body[:] = 1e-6
+def work(comm, size, updates, slots):
+    link = Link(comm, 0, size, slots)
     comm.barrier()
     for _ in range(updates):
+        # A fresh update each time, as a worker's replica writes it: GEM
+        # rescales the body it receives in place.
+        link.message.body.fill(1e-6)
         link.exchange(protocol.EXCHANGE)
     link.exchange(protocol.DONE)
 
@@ -78,34 +110,40 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--sizes", default="1000000,10000000")
     parser.add_argument("--modes", default="downpour,easgd,gem")
+    parser.add_argument("--transports", default="shared,messages")
     parser.add_argument("--seconds", type=float, default=3.0,
                         help="about how long each case runs")
     args = parser.parse_args()
     kdist.init()
     comm = kdist.comm.world()
     if comm.size < 2:
-        raise SystemExit("Run on at least 2 ranks: kdist run -n 5 benchmarks/ps_throughput.py")
-    results = {"workers": comm.size - 1, "cases": []}
+        raise SystemExit("Run on at least 2 ranks: kdist run -n 2 python "
+                         "benchmarks/ps_throughput.py")
+    results = {"workers": comm.size - 1, "cases": [], "target_fraction_of_add": TARGETS}
+    parent = {rank: 0 for rank in range(1, comm.size)}
     for size in [int(s) for s in args.sizes.split(",")]:
-        bound = comm.bcast_object(add_rate(size) if comm.rank == 0 else None)
-        cold = comm.bcast_object(cold_add_rate(size, 2 * (comm.size - 1) + 1)
-                                 if comm.rank == 0 else None)
+        bounds = comm.bcast_object({
+            "add": add_rate(size), "cold_add": cold_add_rate(size, 2 * (comm.size - 1) + 1),
+            "copy": copy_rate(size)} if comm.rank == 0 else None)
         # Enough updates for about `seconds` at a quarter of the bound.
-        per_worker = max(5, int(args.seconds * bound / 4 / (comm.size - 1)))
-        for mode in args.modes.split(","):
-            if comm.rank == 0:
-                case = serve(comm, size, mode, per_worker)
-                case.update({"parameters": size, "mode": mode,
-                             "bound_updates_per_second": bound,
-                             "fraction_of_bound": case["updates_per_second"] / bound,
-                             "cold_bound_updates_per_second": cold,
-                             "fraction_of_cold_bound": case["updates_per_second"] / cold})
-                results["cases"].append(case)
-            else:
-                work(comm, size, per_worker)
-            comm.barrier()
+        per_worker = max(5, int(args.seconds * bounds["add"] / 4 / (comm.size - 1)))
+        for transport in args.transports.split(","):
+            slots = SharedSlots(comm, parent, size) if transport == "shared" else None
+            for mode in args.modes.split(","):
+                if comm.rank == 0:
+                    case = serve(comm, size, mode, slots)
+                    case.update({"parameters": size, "mode": mode, "transport": transport,
+                                 "bounds_updates_per_second": bounds})
+                    for rate in ("updates_per_second", "updates_per_cpu_second"):
+                        case[f"{rate}_fraction_of"] = {name: case[rate] / value
+                                                       for name, value in bounds.items()}
+                    results["cases"].append(case)
+                else:
+                    work(comm, size, per_worker, slots)
+                comm.barrier()
+            if slots is not None:
+                slots.free()
     if comm.rank == 0:
-        results["target_fraction"] = 0.5
         print(json.dumps(results, indent=1))
 
 

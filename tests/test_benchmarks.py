@@ -106,10 +106,16 @@ def test_ps_throughput_benchmark_compares_each_mode_with_the_add_bound(mpirun):
                  args=["--sizes", "100000", "--seconds", "0.2"])
     result = _json_from(job.output)
     assert result["workers"] == 2
-    assert [case["mode"] for case in result["cases"]] == ["downpour", "easgd", "gem"]
+    assert [(case["transport"], case["mode"]) for case in result["cases"]] == [
+        (transport, mode) for transport in ("shared", "messages")
+        for mode in ("downpour", "easgd", "gem")]
     for case in result["cases"]:
-        assert case["updates"] > 0 and case["fraction_of_bound"] > 0
         assert case["parameters"] == 100000
+        assert case["shared_children"] == (2 if case["transport"] == "shared" else 0)
+        assert sum(case["staleness_histogram"].values()) == case["updates"] > 0
+        for rate in ("updates_per_second", "updates_per_cpu_second"):
+            assert set(case[f"{rate}_fraction_of"]) == {"add", "cold_add", "copy"}
+            assert all(value > 0 for value in case[f"{rate}_fraction_of"].values())
 
 
 def test_ps_convergence_benchmark_reports_each_method_against_the_target(mpiexec_path):

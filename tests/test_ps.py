@@ -72,6 +72,8 @@ def test_each_mode_applies_its_rule_to_every_update_and_learns_as_well_as_sgd(
     record = _record(tmp_path)
     job = mpirun(SCRIPT, n=4, args=[mode] + MODES[mode] + ["--record", record], timeout=240)
     master = job.results[0]
+    # On one node every worker's bodies sit in memory the master shares.
+    assert master["stats"]["shared_children"] == 3
     # Every reply, replayed with the mode's own rule from the messages the
     # workers really sent, in the order the master took them; the staleness
     # histogram is recounted; every rank ends with the replayed centre.
@@ -100,6 +102,7 @@ def test_submasters_add_up_their_workers_updates_and_report_once_a_round(mpirun,
                  timeout=240)
     master, sub = job.results[0]["stats"], job.results[1]["stats"]
     assert job.results[2]["stats"] is None  # a worker
+    assert master["shared_children"] == 1 and sub["shared_children"] == 3
     # The sub-master's replies are its running sum; what it sends up is the
     # change since its last pull; the master adds that.
     replay = ps_reference.check(record, ps_reference.Rules("downpour"), stats=master,
@@ -158,7 +161,8 @@ def _closes_epoch(epoch, children):
 def test_early_stopping_on_the_master_stops_every_rank_staleness_aware(mpirun, tmp_path):
     record = _record(tmp_path)
     job = mpirun(SCRIPT, n=4, args=["downpour", "--staleness-aware", "--early-stopping",
-                                    "--logs", tmp_path, "--record", record], timeout=240)
+                                    "--logs", tmp_path, "--record", record, "--messages"],
+                 timeout=240)
     assert job.results[0]["epochs"] == [0, 1]
     assert "Stopping every worker after epoch 2" in job.output
     # Each update was divided by its staleness; plain Downpour would not fit.
@@ -182,6 +186,7 @@ def test_early_stopping_on_the_master_stops_every_rank_staleness_aware(mpirun, t
     assert max(replay.histograms[0]) > 1
     assert ps_reference.deviation(record, ps_reference.Rules("downpour")) > (
         100 * ps_reference.TOLERANCE)
+    assert job.results[0]["stats"]["shared_children"] == 0  # --messages: every body travels
     # The master's CSVLogger saw both epochs, with the central validation metrics,
     # and TensorBoard wrote event files for training and validation.
     rows = (tmp_path / "log.csv").read_text().strip().splitlines()

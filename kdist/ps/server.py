@@ -47,6 +47,10 @@ from kdist.ps import algorithms, protocol
 logger = logging.getLogger(__name__)
 
 
+def _nothing():
+    pass
+
+
 def mean_logs(logs_by_child):
     """The mean of each metric over the children that reported it."""
     totals = collections.defaultdict(list)
@@ -74,10 +78,12 @@ class Server:
         center_hook: called as `hook(center, clock, reply)` after each update
             is folded in, before the reply goes out (the master's pruning
             masks, `kdist.ps.masks`).
+        slots: a `kdist.ps.shared.SharedSlots`: children on this node then
+            exchange through shared memory, the others by message.
     """
 
     def __init__(self, comm, children, center, trainable_size, rule, link=None,
-                 report_every=None, first_epoch=0, clock=0, center_hook=None):
+                 report_every=None, first_epoch=0, clock=0, center_hook=None, slots=None):
         self.comm = comm
         self.children = list(children)
         self.center = center
@@ -85,6 +91,7 @@ class Server:
         self.rule = rule
         self.link = link
         self.center_hook = center_hook
+        self.slots = slots
         self.report_every = report_every or len(self.children)
         self.clock = clock
         self.pulled_at = {child: clock for child in self.children}
@@ -93,6 +100,8 @@ class Server:
         self.events = queue.Queue()
         self.busy_seconds = 0.0
         self.wait_seconds = 0.0
+        self.cpu_seconds = 0.0
+        self.shared_children = 0
         self._reports = collections.defaultdict(dict)
         self._done = set()
         self.lost = []
@@ -120,12 +129,15 @@ class Server:
                 "staleness_max": max(counts) if counts else 0,
                 "staleness_histogram": {int(k): int(v) for k, v in sorted(counts.items())},
                 "utilisation": self.busy_seconds / elapsed if elapsed else 0.0,
-                "busy_seconds": self.busy_seconds, "clock": self.clock,
+                "busy_seconds": self.busy_seconds, "cpu_seconds": self.cpu_seconds,
+                "shared_children": self.shared_children,
+                "clock": self.clock,
                 "lost": list(self.lost)}
 
     def run(self):
         """Serves until every child is done. At the top, ends with a "done" event,
         or an "error" event carrying the exception."""
+        cpu_started = time.thread_time()
         try:
             self._serve()
         except BaseException as error:  # handed to the thread that runs fit
@@ -133,16 +145,22 @@ class Server:
                 raise
             self.events.put(("error", error))
             return
+        finally:
+            self.cpu_seconds += time.thread_time() - cpu_started
         if self.link is None:
             self.events.put(("done", self.stats()))
 
     def _serve(self):
         size = self.center.shape[0]
-        incoming = {child: protocol.Message(size) for child in self.children}
-        replies = {child: protocol.Message(size) for child in self.children}
-        for reply in replies.values():
-            reply.body[:] = self.center
-        mailbox = p2p.Mailbox(self.comm, {c: m.raw for c, m in incoming.items()}, protocol.UP)
+        incoming, replies = {}, {}
+        for child in self.children:
+            shared = self.slots.server_messages(child) if self.slots is not None else None
+            incoming[child], replies[child] = shared or (protocol.Message(size),
+                                                         protocol.Message(size))
+            replies[child].body[:] = self.center
+        self.shared_children = sum(m.shared for m in incoming.values())
+        mailbox = p2p.Mailbox(self.comm, {c: m.wire for c, m in incoming.items()}, protocol.UP)
+        sync = self.slots.sync if self.slots is not None else _nothing
         outbox = p2p.Outbox(self.comm, protocol.DOWN)
         live = set(self.children)
         t = self.trainable_size
@@ -156,6 +174,7 @@ class Server:
                     continue
                 started = time.perf_counter()
                 self.wait_seconds += started - waited_from
+                sync()
                 message, reply = incoming[child], replies[child]
                 outbox.wait(child)
                 stale = algorithms.staleness(self.clock, self.pulled_at[child])
@@ -177,7 +196,8 @@ class Server:
                     live.discard(child)
                     self._done.add(child)
                 reply.set(kind=kind, epoch=message.epoch, stop=self.stopping)
-                outbox.send(child, reply.raw)
+                sync()
+                outbox.send(child, reply.wire)
                 self.pulled_at[child] = self.clock
                 if kind != protocol.DONE:
                     mailbox.rearm(child)

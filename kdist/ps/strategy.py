@@ -29,7 +29,7 @@ import keras
 import numpy as np
 
 from kdist.comm import processes
-from kdist.ps import masks, master_optimizers, rules, state
+from kdist.ps import masks, master_optimizers, rules, shared, state
 from kdist.ps.layout import Layout
 from kdist.ps.link import Link
 from kdist.ps.server import Server
@@ -62,13 +62,19 @@ class ParameterServerStrategy:
         fault_tolerant: carry on when workers die, with the survivors. Needs
             Open MPI's fault tolerance: `mpiexec --with-ft ulfm`. Without it
             (the default) a dead worker ends the whole job.
+        shared_memory: in `fit`, a server and its children on the same node
+            exchange through an MPI shared-memory window: only a small
+            header travels and the server reads and writes the children's
+            buffers in place (`kdist.ps.shared`). Children on other nodes use
+            messages. Not used with `fault_tolerant`, or by the lower-level
+            `worker_session`/`make_server`.
         comm: the `kdist.comm.Communicator` to run on (default: the world).
     """
 
     def __init__(self, mode="downpour", sync_every=1, master_optimizer="sgd",
                  elastic_force=0.5, gem_momentum=0.9, gem_kappa=1.5, submasters=0,
                  validate_every=1, staleness_aware=False, checkpoint_dir=None, shard=True,
-                 fault_tolerant=False, comm=None):
+                 fault_tolerant=False, shared_memory=True, comm=None):
         if mode not in rules.MODES:
             raise ValueError(f"mode must be one of {rules.MODES}; got {mode!r}.")
         if not isinstance(sync_every, int) or sync_every < 1:
@@ -96,6 +102,8 @@ class ParameterServerStrategy:
         self.checkpoint_dir = checkpoint_dir
         self.shard = bool(shard)
         self.fault_tolerant = bool(fault_tolerant)
+        self.shared_memory = bool(shared_memory)
+        self._slots = None
         # Resolve the optimizer now, so a bad name fails on every rank at once.
         master_optimizers.get(master_optimizer)
         if comm is None:
@@ -140,7 +148,7 @@ class ParameterServerStrategy:
                 "validate_every": self.validate_every,
                 "staleness_aware": self.staleness_aware,
                 "checkpoint_dir": self.checkpoint_dir, "shard": self.shard,
-                "fault_tolerant": self.fault_tolerant}
+                "fault_tolerant": self.fault_tolerant, "shared_memory": self.shared_memory}
 
     # Keras integration.
     @contextlib.contextmanager
@@ -195,6 +203,27 @@ class ParameterServerStrategy:
         center = resumed["center"] if resumed is not None else layout.read()
         self.comm.bcast_(center)
         layout.write(center)
+        if self.shared_memory and not self.fault_tolerant:
+            self._slots = shared.SharedSlots(self.comm, self.parent, layout.size)
+        try:
+            history = self._run_role(model, layout, center, start, resumed, epochs, callbacks,
+                                     validation_data, verbose, x, y, sample_weight,
+                                     batch_size, worker_callbacks, fit_kwargs)
+        finally:
+            # Every exchange is over once each role returns; an error on one
+            # rank ends the job before this collective is reached.
+            slots, self._slots = self._slots, None
+        final = layout.read() if self.is_master else np.empty(layout.size, np.float32)
+        survivors = self.comm.shrink() if self.fault_tolerant else self.comm
+        survivors.bcast_(final)
+        if slots is not None:
+            slots.free()
+        layout.write(final)
+        return history
+
+    def _run_role(self, model, layout, center, start, resumed, epochs, callbacks,
+                  validation_data, verbose, x, y, sample_weight, batch_size, worker_callbacks,
+                  fit_kwargs):
         if self.is_master:
             if resumed is not None:
                 logger.info("Resuming from %s at epoch %d.",
@@ -207,10 +236,6 @@ class ParameterServerStrategy:
             fit_kwargs["callbacks"] = list(worker_callbacks or [])
             history = self._run_worker(model, layout, x, y, sample_weight, epochs, batch_size,
                                        start, fit_kwargs)
-        final = layout.read() if self.is_master else np.empty(layout.size, np.float32)
-        survivors = self.comm.shrink() if self.fault_tolerant else self.comm
-        survivors.bcast_(final)
-        layout.write(final)
         return history
 
     # Lower-level API.
@@ -241,11 +266,13 @@ class ParameterServerStrategy:
                               gem_momentum=self.gem_momentum,
                               staleness_aware=self.staleness_aware)
             return Server(self.comm, self.children[0], center, size, rule,
-                          first_epoch=first_epoch, clock=clock, center_hook=hook)
+                          first_epoch=first_epoch, clock=clock, center_hook=hook,
+                          slots=self._slots)
         if self.is_submaster:
             rule = rules.make_intermediate(self.mode, size, self.elastic_force)
             return Server(self.comm, self.children[self.rank], center, size, rule,
-                          link=Link(self.comm, 0, layout.size), first_epoch=first_epoch)
+                          link=Link(self.comm, 0, layout.size, self._slots),
+                          first_epoch=first_epoch, slots=self._slots)
         raise ValueError(f"Rank {self.rank} is a worker; call worker_session() there.")
 
     # Roles at work.
@@ -264,7 +291,7 @@ class ParameterServerStrategy:
             x, y = shard(x, index, count), shard(y, index, count)
             sample_weight = shard(sample_weight, index, count)
         session = WorkerSession(self.comm, self.parent[self.rank], layout,
-                                self.mode == "easgd", self.sync_every)
+                                self.mode == "easgd", self.sync_every, self._slots)
         for master_only in ("validation_freq", "validation_steps", "validation_batch_size"):
             fit_kwargs.pop(master_only, None)
         fit_kwargs["callbacks"].append(SyncCallback(session))

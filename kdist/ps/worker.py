@@ -29,9 +29,9 @@ from kdist.ps.link import Link
 class WorkerSession:
     """Keeps a replica (the variables of `layout`) in step with its server."""
 
-    def __init__(self, comm, parent, layout, sends_weights, sync_every):
+    def __init__(self, comm, parent, layout, sends_weights, sync_every, slots=None):
         self.layout = layout
-        self.link = Link(comm, parent, layout.size)
+        self.link = Link(comm, parent, layout.size, slots)
         self.sends_weights = sends_weights
         self.sync_every = sync_every
         self.steps = 0

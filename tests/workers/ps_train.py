@@ -35,6 +35,7 @@ parser.add_argument("--elastic-force", type=float, default=0.5)
 parser.add_argument("--jit", action="store_true", help="compile the steps with XLA")
 parser.add_argument("--staleness-aware", action="store_true")
 parser.add_argument("--record")
+parser.add_argument("--messages", action="store_true", help="no shared-memory exchanges")
 parser.add_argument("--epoch-weights")
 args = parser.parse_args()
 
@@ -77,7 +78,8 @@ if args.baseline:
 strategy = kdist.ps.ParameterServerStrategy(
     mode=args.mode, sync_every=args.sync_every, submasters=args.submasters,
     checkpoint_dir=args.checkpoint, elastic_force=args.elastic_force,
-    fault_tolerant=args.fault_tolerant, staleness_aware=args.staleness_aware)
+    fault_tolerant=args.fault_tolerant, staleness_aware=args.staleness_aware,
+    shared_memory=not args.messages)
 
 
 class Trouble(keras.callbacks.Callback):
