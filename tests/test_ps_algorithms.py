@@ -218,3 +218,54 @@ def test_message_header_and_body_share_one_buffer():
 def test_mean_logs_averages_each_metric_over_children():
     assert mean_logs({1: {"loss": 1.0, "acc": 0.5}, 2: {"loss": 3.0}}) == {"loss": 2.0,
                                                                           "acc": 0.5}
+
+
+@pytest.fixture(params=["fused", "numpy"])
+def rule_kernels(request, monkeypatch):
+    """Runs a test with the compiled loops, then with the numpy fallback."""
+    from kdist.ps import kernels
+
+    if request.param == "fused":
+        if kernels.library() is None:
+            pytest.fail(f"the fused loops did not build: {kernels._failure}")
+    else:
+        monkeypatch.setattr(kernels, "_library", None)
+        monkeypatch.setattr(kernels, "_failure", "off for this test")
+    return request.param
+
+
+def _rule_inputs(seed, n=1001):
+    rng = np.random.default_rng(seed)
+    return [rng.normal(size=n).astype(np.float32) for _ in range(4)]
+
+
+def test_easgd_rule_in_one_pass_equals_the_formula(rule_kernels):
+    worker, center, _, _ = _rule_inputs(0)
+    expected_center = center + 0.3 * (worker - center)
+    expected_reply = worker - 0.3 * (worker - center)
+    rule = rules.EasgdRule(worker.size, 0.3)
+    reply = np.empty_like(center)
+    result = rule.absorb(1, worker.copy(), center, reply, 0)
+    assert result is center
+    np.testing.assert_allclose(center, expected_center, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(reply, expected_reply, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("staleness_aware", [False, True])
+def test_gem_rule_in_one_pass_equals_the_formula(rule_kernels, staleness_aware):
+    update, center, pulled, momentum = _rule_inputs(1)
+    update *= 0.1
+    kappa, mu, stale = 1.5, 0.9, 3
+    m = mu * momentum + update
+    factor = np.clip((kappa * np.abs(m) - np.abs(center - pulled))
+                     / (np.abs(update) + algorithms.GEM_EPS), 0.0, algorithms.GEM_MAX_SCALE)
+    step = factor * update * (1.0 / stale if staleness_aware else 1.0)
+    rule = rules.GemRule(update.size, kappa, mu, staleness_aware)
+    rule.momenta[2] = momentum.copy()
+    reply = pulled.copy()  # the reply buffer holds what the child pulled; the new centre goes there
+    result = rule.absorb(2, update.copy(), center.copy(), reply, stale)
+    assert result is reply
+    np.testing.assert_allclose(reply, center + step, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(rule.momenta[2], m, rtol=1e-6, atol=1e-7)
+    assert rule.last_mean_scale == pytest.approx(float(factor.mean()), rel=1e-5)
+    assert 0 < (factor == algorithms.GEM_MAX_SCALE).sum() and 0 < (factor == 0).sum()

@@ -18,6 +18,7 @@ rate 1 it is exactly minus the gradient.
 import numpy as np
 
 GEM_MAX_SCALE = 5.0
+GEM_EPS = 1e-8
 
 
 def staleness(clock, pulled_at):
@@ -69,7 +70,7 @@ def gem_momentum_(momentum, update, mu):
     momentum += update
 
 
-def gem_scale(update, momentum, drift, kappa, eps=1e-8, out=None, scratch=None):
+def gem_scale(update, momentum, drift, kappa, eps=GEM_EPS, out=None, scratch=None):
     """Gradient Energy Matching: the per-parameter factor for an incoming update.
 
     `pi = clip((kappa |m| - |d|) / (|u| + eps), 0, 5)`, where `m` is the

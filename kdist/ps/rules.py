@@ -14,7 +14,7 @@ child's reply still on its way.
 
 import numpy as np
 
-from kdist.ps import algorithms, master_optimizers
+from kdist.ps import algorithms, kernels, master_optimizers
 
 MODES = ("downpour", "easgd", "gem")
 
@@ -56,8 +56,11 @@ class EasgdRule:
 
     def absorb(self, child, incoming, center, reply, stale):
         t = self.size
-        algorithms.easgd_exchange_(incoming[:t], center[:t], self.elastic_force, self._scratch,
-                                   worker_out=reply[:t])
+        if kernels.library() is not None:
+            kernels.easgd(incoming[:t], center[:t], reply[:t], self.elastic_force)
+        else:
+            algorithms.easgd_exchange_(incoming[:t], center[:t], self.elastic_force,
+                                       self._scratch, worker_out=reply[:t])
         return center
 
     def get_state(self):
@@ -89,9 +92,16 @@ class GemRule:
         momentum = self.momenta.get(child)
         if momentum is None:
             momentum = self.momenta[child] = np.zeros(t, np.float32)
+        scale = algorithms.staleness_factor(stale) if self.staleness_aware else 1.0
+        if kernels.library() is not None:
+            # The reply buffer holds the centre this child pulled last time;
+            # the loop reads it before writing the new centre there.
+            self.last_mean_scale = kernels.gem(center[:t], incoming[:t], momentum, reply[:t],
+                                               reply[:t], self.kappa, self.mu, scale, algorithms.GEM_EPS,
+                                               algorithms.GEM_MAX_SCALE)
+            return reply
         # The reply buffer still holds the centre this child pulled last time.
         np.subtract(center[:t], reply[:t], out=self._drift)
-        scale = algorithms.staleness_factor(stale) if self.staleness_aware else 1.0
         self.last_mean_scale = algorithms.gem_apply_(
             center[:t], incoming[:t], momentum, self._drift, self.kappa, self.mu, scale,
             self._buffers, out=reply[:t])
