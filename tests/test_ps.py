@@ -196,6 +196,48 @@ def test_early_stopping_on_the_master_stops_every_rank_staleness_aware(mpirun, t
         assert any(name.startswith("events.out") for name in events), events
 
 
+def _same_run(first, second, ranks):
+    for rank in ranks:
+        np.testing.assert_array_equal(first.results[rank]["weights"],
+                                      second.results[rank]["weights"])
+    assert first.results[0]["history"] == second.results[0]["history"]
+
+
+def test_two_servers_holding_half_the_centre_each_train_as_one_and_resume(mpirun, tmp_path):
+    # One worker makes the run deterministic; GEM's rule is element-wise, so
+    # splitting the centre between two servers must change no value at all.
+    one = mpirun(SCRIPT, n=2, args=["gem", "--epochs", 4], timeout=180)
+    args = ["gem", "--epochs", 4, "--servers", 2, "--checkpoint", tmp_path / "ps"]
+    crashed = mpirun(SCRIPT, n=3, args=args + ["--stop-after", 3], timeout=180, check=False)
+    assert crashed.returncode != 0 and "stopping after epoch 3" in crashed.output
+    with np.load(tmp_path / "ps" / "master.npz") as saved:
+        # The checkpoint holds both shards' momenta of the one worker.
+        assert {"rule/momentum/2", "rule/shard1/momentum/2"} <= set(saved.files)
+    resumed = mpirun(SCRIPT, n=3, args=args, timeout=180)
+    assert "Resuming from" in resumed.output
+    assert resumed.results[2]["epochs"] == [2, 3]
+    _same_run(one, resumed, [0, 1])
+    np.testing.assert_array_equal(resumed.results[2]["weights"], one.results[1]["weights"])
+    master, shard = resumed.results[0]["stats"], resumed.results[1]["stats"]
+    assert master["shared_children"] == shard["shared_children"] == 1
+    assert master["updates"] == shard["updates"] > 0
+
+
+def test_two_servers_under_a_submaster_by_message_train_as_one(mpirun):
+    # EASGD at both levels, every body sent by message: the sub-master splits
+    # what it reports between the two top servers and joins their replies.
+    args = ["easgd", "--epochs", 2, "--submasters", 1, "--messages"]
+    one = mpirun(SCRIPT, n=3, args=args, timeout=180)
+    two = mpirun(SCRIPT, n=4, args=args + ["--servers", 2], timeout=180)
+    _same_run(one, two, [0])
+    for rank in (1, 2):  # the sub-master and the worker
+        np.testing.assert_array_equal(one.results[rank]["weights"],
+                                      two.results[rank + 1]["weights"])
+    assert two.results[0]["stats"]["shared_children"] == 0
+    loss = two.results[0]["history"]["loss"]
+    assert loss[-1] < loss[0]
+
+
 def test_a_crashed_run_resumes_from_the_master_checkpoint(mpirun, tmp_path):
     directory = tmp_path / "ps"
     seen, first, second = (_record(tmp_path, name) for name in ("seen", "first", "second"))

@@ -7,7 +7,7 @@ import pytest
 from kdist.ps import algorithms, master_optimizers, protocol, rules
 from kdist.ps.layout import Layout
 from kdist.ps.server import mean_logs
-from kdist.ps.hierarchy import topology
+from kdist.ps.hierarchy import shard_bounds, topology
 
 
 def _rng_arrays(n=64, count=3, seed=0):
@@ -160,16 +160,31 @@ def test_topology_places_masters_submasters_and_workers():
     parent, children = topology(7, submasters=2)
     assert children == {0: [1, 2], 1: [3, 5], 2: [4, 6]}
     assert parent[5] == 1 and parent[1] == 0
+    # Two top servers: ranks 0 and 1; the children of "0" exchange with both.
+    parent, children = topology(6, submasters=1, servers=2)
+    assert children == {0: [2], 2: [3, 4, 5]} and parent == {2: 0, 3: 2, 4: 2, 5: 2}
 
 
-@pytest.mark.parametrize("size,submasters,match", [
-    (1, 0, "at least 2 ranks"),
-    (4, 2, "need at least 2 workers"),
-    (4, -1, "0 or more"),
+def test_shards_cover_the_centre_once_in_near_equal_parts():
+    for size, servers in ((10, 3), (451, 2), (7, 7), (1000003, 4)):
+        bounds = shard_bounds(size, servers)
+        assert bounds[0][0] == 0 and bounds[-1][1] == size
+        assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:]))
+        lengths = [stop - start for start, stop in bounds]
+        assert max(lengths) - min(lengths) <= 1
+
+
+@pytest.mark.parametrize("size,submasters,servers,match", [
+    (1, 0, 1, "at least 2 ranks"),
+    (4, 2, 1, "need at least 2 workers"),
+    (4, -1, 1, "0 or more"),
+    (2, 0, 2, "at least 3 ranks"),
+    (4, 0, 0, "servers must be an integer >= 1"),
+    (4, 0, 1.5, "servers must be an integer >= 1"),
 ])
-def test_topology_rejects_impossible_layouts(size, submasters, match):
+def test_topology_rejects_impossible_layouts(size, submasters, servers, match):
     with pytest.raises(ValueError, match=match):
-        topology(size, submasters)
+        topology(size, submasters, servers)
 
 
 @pytest.mark.parametrize("kwargs,match", [

@@ -152,6 +152,21 @@ def exchange(comm, peer, message, reply, up_tag, down_tag):
     return reply
 
 
+def exchange_many(comm, peers, messages, replies, up_tag, down_tag):
+    """`exchange` with several peers at once: every send and receive is posted
+    before any is waited for, so the peers serve in parallel."""
+    raw = _raw(comm)
+    receives = [raw.Irecv(_bytes(reply), source=peer, tag=down_tag)
+                for peer, reply in zip(peers, replies)]
+    sends = [raw.Isend(_bytes(message), dest=peer, tag=up_tag)
+             for peer, message in zip(peers, messages)]
+    for peer, request in zip(peers, sends):
+        _wait(request, f"sending to rank {peer}")
+    for peer, request in zip(peers, receives):
+        _wait(request, f"the reply of rank {peer}")
+    return replies
+
+
 def _wait(request, what):
     """Completes one request, visible to the watchdog and without holding a core."""
     _wait_any([request], what)

@@ -85,6 +85,11 @@ def _import_mpi():
     # TensorFlow runs py-function ops on its own threads, so MPI must accept
     # calls from any thread. kdist serialises them per communicator.
     mpi4py.rc.thread_level = "multiple"
+    # kdist's only windows are shared-memory ones (the parameter server's
+    # exchange buffers), which Open MPI's sm component serves; its UCX
+    # component prints an error on every rank of a machine without UCX
+    # devices. Set OMPI_MCA_osc to choose otherwise.
+    os.environ.setdefault("OMPI_MCA_osc", "^ucx")
     from mpi4py import MPI
 
     return MPI

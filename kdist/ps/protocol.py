@@ -10,7 +10,7 @@ both sides share (`kdist.ps.shared`), only the header travels.
 import numpy as np
 
 # MPI tags.
-UP, DOWN, LOGS = 71, 72, 73
+UP, DOWN, LOGS, SHARD = 71, 72, 73, 74
 
 # Message kinds (header slot 0).
 EXCHANGE, EPOCH_END, DONE = 1, 2, 3

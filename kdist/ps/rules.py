@@ -96,9 +96,9 @@ class GemRule:
         if kernels.library() is not None:
             # The reply buffer holds the centre this child pulled last time;
             # the loop reads it before writing the new centre there.
-            self.last_mean_scale = kernels.gem(center[:t], incoming[:t], momentum, reply[:t],
-                                               reply[:t], self.kappa, self.mu, scale, algorithms.GEM_EPS,
-                                               algorithms.GEM_MAX_SCALE)
+            self.last_mean_scale = kernels.gem(
+                center[:t], incoming[:t], momentum, reply[:t], reply[:t], self.kappa, self.mu,
+                scale, algorithms.GEM_EPS, algorithms.GEM_MAX_SCALE)
             return reply
         # The reply buffer still holds the centre this child pulled last time.
         np.subtract(center[:t], reply[:t], out=self._drift)

@@ -80,10 +80,15 @@ class Server:
             masks, `kdist.ps.masks`).
         slots: a `kdist.ps.shared.SharedSlots`: children on this node then
             exchange through shared memory, the others by message.
+        offset: where `center` starts in the children's whole vector, for a
+            server that holds one shard of it (`ParameterServerStrategy(servers=K)`).
+        receives_logs: whether children send this server their epoch logs
+            (only the first of several top servers gets them).
     """
 
     def __init__(self, comm, children, center, trainable_size, rule, link=None,
-                 report_every=None, first_epoch=0, clock=0, center_hook=None, slots=None):
+                 report_every=None, first_epoch=0, clock=0, center_hook=None, slots=None,
+                 offset=0, receives_logs=True):
         self.comm = comm
         self.children = list(children)
         self.center = center
@@ -92,6 +97,8 @@ class Server:
         self.link = link
         self.center_hook = center_hook
         self.slots = slots
+        self.offset = int(offset)
+        self.receives_logs = receives_logs
         self.report_every = report_every or len(self.children)
         self.clock = clock
         self.pulled_at = {child: clock for child in self.children}
@@ -153,10 +160,14 @@ class Server:
     def _serve(self):
         size = self.center.shape[0]
         incoming, replies = {}, {}
+        share = slice(self.offset, self.offset + size)
         for child in self.children:
-            shared = self.slots.server_messages(child) if self.slots is not None else None
-            incoming[child], replies[child] = shared or (protocol.Message(size),
-                                                         protocol.Message(size))
+            bodies = self.slots.child_bodies(child) if self.slots is not None else None
+            if bodies is None:
+                incoming[child], replies[child] = protocol.Message(size), protocol.Message(size)
+            else:
+                incoming[child], replies[child] = (protocol.Message(size, body=b[share])
+                                                   for b in bodies)
             replies[child].body[:] = self.center
         self.shared_children = sum(m.shared for m in incoming.values())
         mailbox = p2p.Mailbox(self.comm, {c: m.wire for c, m in incoming.items()}, protocol.UP)
@@ -190,7 +201,8 @@ class Server:
                 self._since_report += 1
                 kind = message.kind
                 if kind == protocol.EPOCH_END:
-                    logs = p2p.recv_object(self.comm, child, protocol.LOGS)
+                    logs = (p2p.recv_object(self.comm, child, protocol.LOGS)
+                            if self.receives_logs else {})
                     self._reports[message.epoch][child] = logs
                 elif kind == protocol.DONE:
                     live.discard(child)

@@ -19,8 +19,6 @@ server serves both kinds in the same loop.
 
 import numpy as np
 
-from kdist.ps import protocol
-
 
 def _aligned(nbytes, alignment=64):
     return -(-nbytes // alignment) * alignment
@@ -29,15 +27,16 @@ def _aligned(nbytes, alignment=64):
 class SharedSlots:
     """The shared bodies of one job's exchanges; collective over `comm`.
 
-    Every rank of `comm` must create it, with the same `parent` map (child
-    rank -> its server's rank, as `kdist.ps.topology` gives) and `size`
-    (values per body). A child whose server shares its node allocates two
-    bodies in its own part of the window; its server maps them.
+    Every rank of `comm` must create it, with the same `servers_of` (child
+    rank -> the ranks of the servers it exchanges with) and `size` (values
+    per body). A child with a server on its node allocates its two whole
+    bodies in its own part of the window; each such server maps them, and
+    one that holds a shard of the centre uses its share of them.
 
     Call `free()` on every rank, collectively, once no exchange is left.
     """
 
-    def __init__(self, comm, parent, size):
+    def __init__(self, comm, servers_of, size):
         from kdist.comm.processes import _mpi
 
         MPI = _mpi()
@@ -51,8 +50,8 @@ class SharedSlots:
         members = self._node.allgather(raw.Get_rank())
         self._node_rank = {rank: index for index, rank in enumerate(members)}
         me = raw.Get_rank()
-        self.local_parent = parent.get(me) in self._node_rank
-        nbytes = 2 * self._body_bytes if self.local_parent else 0
+        self._allocated = any(self.on_node(s) for s in servers_of.get(me, ()))
+        nbytes = 2 * self._body_bytes if self._allocated else 0
         info = MPI.Info.Create()
         info.Set("alloc_shared_noncontig", "true")
         try:
@@ -60,8 +59,12 @@ class SharedSlots:
         finally:
             info.Free()
         self._win.Lock_all(MPI.MODE_NOCHECK)
-        self._local_children = {child for child, server in parent.items()
-                                if server == me and child in self._node_rank}
+        self._local_children = {child for child, servers in servers_of.items()
+                                if me in servers and self.on_node(child)}
+
+    def on_node(self, rank):
+        """True when `rank` (of `comm`) shares this process's node."""
+        return rank in self._node_rank
 
     def _bodies(self, node_rank):
         memory, _ = self._win.Shared_query(node_rank)
@@ -70,23 +73,17 @@ class SharedSlots:
         second = data[self._body_bytes:self._body_bytes + self.size * 4].view(np.float32)
         return first, second
 
-    def link_messages(self):
-        """This child's `(message, reply)`, their bodies shared with its server;
-        None when the server is on another node."""
-        if not self.local_parent:
-            return None
-        body, reply_body = self._bodies(self._node.Get_rank())
-        return protocol.Message(self.size, body=body), protocol.Message(self.size,
-                                                                         body=reply_body)
+    def link_bodies(self):
+        """This child's whole `(message body, reply body)`, or None when none of
+        its servers is on this node."""
+        return self._bodies(self._node.Get_rank()) if self._allocated else None
 
-    def server_messages(self, child):
-        """A server's `(incoming, reply)` for `child`, sharing the child's bodies;
+    def child_bodies(self, child):
+        """A server's views of `child`'s whole `(message body, reply body)`, or
         None when the child is on another node."""
         if child not in self._local_children:
             return None
-        body, reply_body = self._bodies(self._node_rank[child])
-        return protocol.Message(self.size, body=body), protocol.Message(self.size,
-                                                                         body=reply_body)
+        return self._bodies(self._node_rank[child])
 
     def sync(self):
         """A memory barrier between this process's view and the other side's."""

@@ -28,12 +28,12 @@ import threading
 import keras
 import numpy as np
 
-from kdist.comm import processes
-from kdist.ps import masks, master_optimizers, rules, shared, state
+from kdist.comm import p2p, processes
+from kdist.ps import masks, master_optimizers, protocol, rules, shared, state
 from kdist.ps.layout import Layout
 from kdist.ps.link import Link
 from kdist.ps.server import Server
-from kdist.ps.hierarchy import topology, workers
+from kdist.ps.hierarchy import shard_bounds, topology, workers
 from kdist.ps.worker import SyncCallback, WorkerSession, shard
 
 logger = logging.getLogger(__name__)
@@ -53,6 +53,11 @@ class ParameterServerStrategy:
         gem_momentum: the momentum `mu` GEM assumes for each worker, in [0, 1).
         gem_kappa: GEM's target multiple of one worker's momentum (> 0).
         submasters: sub-masters between the master and the workers.
+        servers: top servers that split the centre between them, each
+            holding one contiguous shard of about equal size (ranks 0 to
+            servers-1; rank 0 is also the master). Every child of the top
+            exchanges its shard with each of them at once, so the work and
+            the traffic of each update are divided among them.
         validate_every: the master validates every this many epochs.
         staleness_aware: scale each update by 1/staleness (downpour, gem).
         checkpoint_dir: where the master keeps its whole state after every
@@ -72,7 +77,7 @@ class ParameterServerStrategy:
     """
 
     def __init__(self, mode="downpour", sync_every=1, master_optimizer="sgd",
-                 elastic_force=0.5, gem_momentum=0.9, gem_kappa=1.5, submasters=0,
+                 elastic_force=0.5, gem_momentum=0.9, gem_kappa=1.5, submasters=0, servers=1,
                  validate_every=1, staleness_aware=False, checkpoint_dir=None, shard=True,
                  fault_tolerant=False, shared_memory=True, comm=None):
         if mode not in rules.MODES:
@@ -97,6 +102,7 @@ class ParameterServerStrategy:
         self.gem_momentum = float(gem_momentum)
         self.gem_kappa = float(gem_kappa)
         self.submasters = int(submasters)
+        self.servers = servers
         self.validate_every = validate_every
         self.staleness_aware = bool(staleness_aware)
         self.checkpoint_dir = checkpoint_dir
@@ -110,7 +116,7 @@ class ParameterServerStrategy:
             processes.init()
             comm = processes.world()
         self.comm = comm
-        self.parent, self.children = topology(comm.size, self.submasters)
+        self.parent, self.children = topology(comm.size, self.submasters, servers)
         self.stats = None
         self.epoch_stats = []
 
@@ -124,27 +130,37 @@ class ParameterServerStrategy:
         return self.rank == 0
 
     @property
+    def is_shard_server(self):
+        """True on the top servers after the first (`servers` > 1)."""
+        return 0 < self.rank < self.servers
+
+    @property
     def is_submaster(self):
-        return 0 < self.rank <= self.submasters
+        return self.servers <= self.rank < self.servers + self.submasters
 
     @property
     def is_worker(self):
-        return self.rank > self.submasters
+        return self.rank >= self.servers + self.submasters
 
     @property
     def num_workers(self):
-        return len(workers(self.comm.size, self.submasters))
+        return len(workers(self.comm.size, self.submasters, self.servers))
 
     @property
     def worker_index(self):
         """This worker's index among the workers, or None on a server."""
-        return self.rank - self.submasters - 1 if self.is_worker else None
+        return self.rank - self.servers - self.submasters if self.is_worker else None
+
+    def _servers_of(self, rank):
+        parent = self.parent[rank]
+        return list(range(self.servers)) if parent == 0 else [parent]
 
     def get_config(self):
         return {"mode": self.mode, "sync_every": self.sync_every,
                 "master_optimizer": master_optimizers.get(self.master_optimizer).get_config(),
                 "elastic_force": self.elastic_force, "gem_momentum": self.gem_momentum,
                 "gem_kappa": self.gem_kappa, "submasters": self.submasters,
+                "servers": self.servers,
                 "validate_every": self.validate_every,
                 "staleness_aware": self.staleness_aware,
                 "checkpoint_dir": self.checkpoint_dir, "shard": self.shard,
@@ -196,15 +212,21 @@ class ParameterServerStrategy:
         resumed = None
         if self.is_master and self.checkpoint_dir:
             resumed = state.load(self.checkpoint_dir, layout.size, self.get_config())
-        start = {"epoch": initial_epoch, "clock": 0}
+        start = {"epoch": initial_epoch, "clock": 0, "rule": None}
         if resumed is not None:
-            start = {"epoch": max(initial_epoch, resumed["epoch"] + 1), "clock": resumed["clock"]}
+            start = {"epoch": max(initial_epoch, resumed["epoch"] + 1), "clock": resumed["clock"],
+                     "rule": resumed["rule"] if self.servers > 1 else None}
         start = self.comm.bcast_object(start)
         center = resumed["center"] if resumed is not None else layout.read()
         self.comm.bcast_(center)
         layout.write(center)
+        if self.servers > 1 and masks.for_models(model, layout, center) is not None:
+            raise ValueError("Pruned models keep their masks on one master: use servers=1 "
+                             "with pruning.")
         if self.shared_memory and not self.fault_tolerant:
-            self._slots = shared.SharedSlots(self.comm, self.parent, layout.size)
+            self._slots = shared.SharedSlots(
+                self.comm, {child: self._servers_of(child) for child in self.parent},
+                layout.size)
         try:
             history = self._run_role(model, layout, center, start, resumed, epochs, callbacks,
                                      validation_data, verbose, x, y, sample_weight,
@@ -230,8 +252,8 @@ class ParameterServerStrategy:
                             state.path_in(self.checkpoint_dir), start["epoch"] + 1)
             history = self._run_master(model, layout, center, start, resumed, epochs,
                                        callbacks, validation_data, verbose)
-        elif self.is_submaster:
-            history = self._run_submaster(layout, center, start)
+        elif self.is_submaster or self.is_shard_server:
+            history = self._run_server(layout, center, start)
         else:
             fit_kwargs["callbacks"] = list(worker_callbacks or [])
             history = self._run_worker(model, layout, x, y, sample_weight, epochs, batch_size,
@@ -244,14 +266,16 @@ class ParameterServerStrategy:
         if not self.is_worker:
             raise ValueError(f"Rank {self.rank} is a server, not a worker; call make_server() "
                              "there.")
-        return WorkerSession(self.comm, self.parent[self.rank], Layout(models),
+        return WorkerSession(self.comm, self._servers_of(self.rank), Layout(models),
                              self.mode == "easgd", self.sync_every)
 
     def make_server(self, models, center=None, first_epoch=0, clock=0):
-        """The `Server` this rank runs (master or sub-master), for custom loops.
+        """The `Server` this rank runs (master, shard server or sub-master), for
+        custom loops.
 
         Call `run()` on it; at the top, read `events` for ("epoch", epoch,
-        logs, snapshot), then ("done", stats) or ("error", exception).
+        logs, snapshot), then ("done", stats) or ("error", exception). With
+        `servers` > 1 each top server's `center` is its shard of the whole.
         """
         layout = Layout(models)
         return self._server(layout, layout.read() if center is None else center,
@@ -259,19 +283,24 @@ class ParameterServerStrategy:
 
     def _server(self, layout, center, first_epoch, clock, models=None):
         size = layout.trainable_size
-        if self.is_master:
-            hook = None if models is None else masks.for_models(models, layout, center)
-            rule = rules.make(self.mode, size, master_optimizer=self.master_optimizer,
+        if self.rank < self.servers:
+            begin, end = shard_bounds(layout.size, self.servers)[self.rank]
+            trainable = min(max(size - begin, 0), end - begin)
+            hook = None
+            if models is not None and self.servers == 1:
+                hook = masks.for_models(models, layout, center)
+            rule = rules.make(self.mode, trainable, master_optimizer=self.master_optimizer,
                               elastic_force=self.elastic_force, gem_kappa=self.gem_kappa,
                               gem_momentum=self.gem_momentum,
                               staleness_aware=self.staleness_aware)
-            return Server(self.comm, self.children[0], center, size, rule,
+            return Server(self.comm, self.children[0], center[begin:end], trainable, rule,
                           first_epoch=first_epoch, clock=clock, center_hook=hook,
-                          slots=self._slots)
+                          slots=self._slots, offset=begin, receives_logs=self.is_master)
         if self.is_submaster:
             rule = rules.make_intermediate(self.mode, size, self.elastic_force)
             return Server(self.comm, self.children[self.rank], center, size, rule,
-                          link=Link(self.comm, 0, layout.size, self._slots),
+                          link=Link(self.comm, self._servers_of(self.rank), layout.size,
+                                    self._slots),
                           first_epoch=first_epoch, slots=self._slots)
         raise ValueError(f"Rank {self.rank} is a worker; call worker_session() there.")
 
@@ -290,7 +319,7 @@ class ParameterServerStrategy:
             index, count = self.worker_index, self.num_workers
             x, y = shard(x, index, count), shard(y, index, count)
             sample_weight = shard(sample_weight, index, count)
-        session = WorkerSession(self.comm, self.parent[self.rank], layout,
+        session = WorkerSession(self.comm, self._servers_of(self.rank), layout,
                                 self.mode == "easgd", self.sync_every, self._slots)
         for master_only in ("validation_freq", "validation_steps", "validation_batch_size"):
             fit_kwargs.pop(master_only, None)
@@ -299,17 +328,60 @@ class ParameterServerStrategy:
                                initial_epoch=start["epoch"], sample_weight=sample_weight,
                                verbose=0, **fit_kwargs)
 
-    def _run_submaster(self, layout, center, start):
-        server = self._server(layout, center, start["epoch"], 0)
-        server.run()
-        self.stats = server.stats()
-        return keras.callbacks.History()
+    def _run_server(self, layout, center, start):
+        """A sub-master, or a top server after the first: serves; a shard server
+        also hands each closed epoch's shard, and its last, to the master."""
+        if self.is_submaster:
+            server = self._server(layout, center, start["epoch"], 0)
+            server.run()
+            self.stats = server.stats()
+            return keras.callbacks.History()
+        server = self._server(layout, center, start["epoch"], start["clock"])
+        if start["rule"] is not None:
+            server.rule.set_state(_shard_state(start["rule"], self.rank))
+        thread = threading.Thread(target=server.run, name="kdist-ps-shard", daemon=True)
+        thread.start()
+        while True:
+            event = server.events.get()
+            if event[0] == "error":
+                thread.join()
+                raise RuntimeError(f"Parameter-server shard {self.rank} stopped serving.") \
+                    from event[1]
+            if event[0] == "epoch":
+                p2p.send_object(self.comm, 0, ("epoch", event[1], event[3]), protocol.SHARD)
+                continue
+            thread.join()
+            self.stats = event[1]
+            final = {"center": server.center, "clock": server.clock,
+                     "rule": server.rule.get_state(), "stats": self.stats}
+            p2p.send_object(self.comm, 0, ("done", None, final), protocol.SHARD)
+            return keras.callbacks.History()
+
+    def _shard_snapshots(self, epoch, snapshot):
+        """`snapshot` (the master's own shard at the end of `epoch`, or its last)
+        completed with every other shard's, in the order they were cut."""
+        if self.servers == 1:
+            return snapshot
+        parts, rule = [snapshot["center"]], dict(snapshot["rule"])
+        for rank in range(1, self.servers):
+            shard = self._shard_finals.get(rank)
+            while shard is None:
+                kind, closed, cut = p2p.recv_object(self.comm, rank, protocol.SHARD)
+                if kind == "done":
+                    self._shard_finals[rank] = shard = cut
+                # Epochs the master no longer reports (a callback stopped
+                # training) are passed over.
+                elif closed == epoch:
+                    shard = cut
+            parts.append(shard["center"])
+            rule.update({f"shard{rank}/{k}": v for k, v in shard["rule"].items()})
+        return dict(snapshot, center=np.concatenate(parts), rule=rule)
 
     def _run_master(self, model, layout, center, start, resumed, epochs, callbacks,
                     validation_data, verbose):
         server = self._server(layout, center, start["epoch"], start["clock"], model)
         if resumed is not None:
-            server.rule.set_state(resumed["rule"])
+            server.rule.set_state(_shard_state(resumed["rule"], 0))
         history = keras.callbacks.History()
         callback_list = keras.callbacks.CallbackList(
             list(callbacks or []) + [history], add_history=False, add_progbar=False,
@@ -317,6 +389,7 @@ class ParameterServerStrategy:
         show = verbose != 0
         thread = threading.Thread(target=server.run, name="kdist-ps-master", daemon=True)
         self.epoch_stats = []
+        self._shard_finals = {}
         model.stop_training = False
         callback_list.on_train_begin()
         if resumed is not None:
@@ -337,6 +410,7 @@ class ParameterServerStrategy:
             _, epoch, logs, snapshot = event
             if model.stop_training:
                 continue
+            snapshot = self._shard_snapshots(epoch, snapshot)
             self.epoch_stats.append(dict(snapshot["stats"], epoch=epoch))
             layout.write(snapshot["center"])
             if validation_data is not None and (epoch + 1) % self.validate_every == 0:
@@ -354,13 +428,23 @@ class ParameterServerStrategy:
             elif epoch + 1 < epochs:
                 callback_list.on_epoch_begin(epoch + 1)
         thread.join()
+        last = self._shard_snapshots(None, {"center": server.center, "rule": {}})
         if not model.stop_training and server.next_epoch > start["epoch"]:
             # The last epoch's centre is final, not the snapshot the callbacks saw.
-            layout.write(server.center)
+            layout.write(last["center"])
         callback_list.on_train_end(logs)
         if show:
             _print_summary(self.stats)
         return history
+
+
+def _shard_state(rule_state, rank):
+    """Shard `rank`'s part of a whole rule state (its keys carry "shard{rank}/",
+    except the first shard's, which match a single server's)."""
+    if rank == 0:
+        return {k: v for k, v in rule_state.items() if not k.startswith("shard")}
+    prefix = f"shard{rank}/"
+    return {k[len(prefix):]: v for k, v in rule_state.items() if k.startswith(prefix)}
 
 
 def _evaluate(model, validation_data):

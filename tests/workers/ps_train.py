@@ -1,6 +1,6 @@
 """Parameter-server training on a learnable task; each rank reports what it ends with.
 
-Usage: ps_train.py MODE [--epochs E] [--submasters K] [--checkpoint DIR]
+Usage: ps_train.py MODE [--epochs E] [--submasters S] [--servers K] [--checkpoint DIR]
        [--stop-after E] [--die-on RANK] [--raise-on RANK] [--baseline]
        [--staleness-aware] [--record DIR] [--epoch-weights DIR]
 
@@ -22,6 +22,7 @@ parser.add_argument("mode")
 parser.add_argument("--epochs", type=int, default=6)
 parser.add_argument("--sync-every", type=int, default=1)
 parser.add_argument("--submasters", type=int, default=0)
+parser.add_argument("--servers", type=int, default=1)
 parser.add_argument("--checkpoint")
 parser.add_argument("--stop-after", type=int, help="end the job after this epoch (a crash)")
 parser.add_argument("--early-stopping", action="store_true")
@@ -76,7 +77,7 @@ if args.baseline:
     sys.exit(0)
 
 strategy = kdist.ps.ParameterServerStrategy(
-    mode=args.mode, sync_every=args.sync_every, submasters=args.submasters,
+    mode=args.mode, sync_every=args.sync_every, submasters=args.submasters, servers=args.servers,
     checkpoint_dir=args.checkpoint, elastic_force=args.elastic_force,
     fault_tolerant=args.fault_tolerant, staleness_aware=args.staleness_aware,
     shared_memory=not args.messages)
