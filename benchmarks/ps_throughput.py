@@ -33,6 +33,7 @@ import numpy as np
 
 import kdist
 from kdist.ps import protocol, rules
+from kdist.ps.hierarchy import shard_bounds
 from kdist.ps.link import Link
 from kdist.ps.server import Server
 from kdist.ps.shared import SharedSlots
@@ -76,29 +77,38 @@ def copy_rate(size, repeats=30):
     return 1.0 / float(np.median(samples))
 
 
-def serve(comm, size, mode, slots):
-    rule = rules.make(mode, size)
-    center = np.zeros(size, dtype=np.float32)
-    server = Server(comm, list(range(1, comm.size)), center, size, rule, slots=slots)
+def serve(comm, size, mode, slots, servers):
+    """Rank `comm.rank` (< servers) serves its shard; returns its figures."""
+    start, stop = shard_bounds(size, servers)[comm.rank]
+    rule = rules.make(mode, stop - start)
+    center = np.zeros(stop - start, dtype=np.float32)
+    server = Server(comm, list(range(servers, comm.size)), center, stop - start, rule,
+                    slots=slots, offset=start, receives_logs=comm.rank == 0)
     comm.barrier()
     started = time.perf_counter()
     server.run()
-    elapsed = time.perf_counter() - started
-    stats = server.stats()
-    return {"updates": stats["updates"], "seconds": elapsed,
-            "updates_per_second": stats["updates"] / elapsed,
-            "master_cpu_seconds": stats["cpu_seconds"],
-            "updates_per_cpu_second": stats["updates"] / max(stats["cpu_seconds"], 1e-9),
-            "master_utilisation": stats["utilisation"],
-            "shared_children": stats["shared_children"],
-            "staleness_mean": stats["staleness_mean"],
-            "staleness_histogram": stats["staleness_histogram"]}
+    return dict(server.stats(), seconds=time.perf_counter() - started)
 
 
-def work(comm, size, updates, slots):
-    link = Link(comm, 0, size, slots)
+def combine(shards):
+    """One case's figures from every server's: the slowest shard sets the pace."""
+    updates = shards[0]["updates"]
+    seconds = max(s["seconds"] for s in shards)
+    cpu = max(s["cpu_seconds"] for s in shards)
+    return {"updates": updates, "seconds": seconds,
+            "updates_per_second": updates / seconds,
+            "server_cpu_seconds": [s["cpu_seconds"] for s in shards],
+            "updates_per_cpu_second": updates / max(cpu, 1e-9),
+            "server_utilisation": [s["utilisation"] for s in shards],
+            "shared_children": shards[0]["shared_children"],
+            "staleness_mean": shards[0]["staleness_mean"],
+            "staleness_histogram": shards[0]["staleness_histogram"]}
+
+
+def work(comm, size, updates, slots, servers):
+    link = Link(comm, list(range(servers)), size, slots)
     # The rules only read what a worker sends, so one update serves every
-    # exchange and the worker does nothing but wait for the master.
+    # exchange and the worker does nothing but wait for the servers.
     link.message.body.fill(1e-6)
     comm.barrier()
     for _ in range(updates):
@@ -111,35 +121,44 @@ def main():
     parser.add_argument("--sizes", default="1000000,10000000")
     parser.add_argument("--modes", default="downpour,easgd,gem")
     parser.add_argument("--transports", default="shared,messages")
+    parser.add_argument("--servers", type=int, default=1,
+                        help="ranks that each hold one shard of the centre")
     parser.add_argument("--seconds", type=float, default=3.0,
                         help="about how long each case runs")
     args = parser.parse_args()
     kdist.init()
     comm = kdist.comm.world()
-    if comm.size < 2:
-        raise SystemExit("Run on at least 2 ranks: kdist run -n 2 python "
-                         "benchmarks/ps_throughput.py")
-    results = {"workers": comm.size - 1, "cases": [], "target_fraction_of_add": TARGETS}
-    parent = {rank: 0 for rank in range(1, comm.size)}
+    servers = args.servers
+    if comm.size < servers + 1:
+        raise SystemExit(f"Run on at least {servers + 1} ranks: kdist run -n {servers + 1} "
+                         f"python benchmarks/ps_throughput.py --servers {servers}")
+    workers = comm.size - servers
+    results = {"servers": servers, "workers": workers, "cases": [],
+               "target_fraction_of_add": TARGETS}
+    servers_of = {rank: list(range(servers)) for rank in range(servers, comm.size)}
     for size in [int(s) for s in args.sizes.split(",")]:
         bounds = comm.bcast_object({
-            "add": add_rate(size), "cold_add": cold_add_rate(size, 2 * (comm.size - 1) + 1),
+            "add": add_rate(size), "cold_add": cold_add_rate(size, 2 * workers + 1),
             "copy": copy_rate(size)} if comm.rank == 0 else None)
         # Enough updates for about `seconds` at a quarter of the bound.
-        per_worker = max(5, int(args.seconds * bounds["add"] / 4 / (comm.size - 1)))
+        per_worker = max(5, int(args.seconds * bounds["add"] / 4 / workers))
         for transport in args.transports.split(","):
-            slots = SharedSlots(comm, parent, size) if transport == "shared" else None
+            slots = SharedSlots(comm, servers_of, size) if transport == "shared" else None
             for mode in args.modes.split(","):
+                if comm.rank < servers:
+                    shard = serve(comm, size, mode, slots, servers)
+                else:
+                    work(comm, size, per_worker, slots, servers)
+                    shard = None
+                shards = comm.allgather_object(shard)
                 if comm.rank == 0:
-                    case = serve(comm, size, mode, slots)
+                    case = combine(shards[:servers])
                     case.update({"parameters": size, "mode": mode, "transport": transport,
                                  "bounds_updates_per_second": bounds})
                     for rate in ("updates_per_second", "updates_per_cpu_second"):
                         case[f"{rate}_fraction_of"] = {name: case[rate] / value
                                                        for name, value in bounds.items()}
                     results["cases"].append(case)
-                else:
-                    work(comm, size, per_worker, slots)
                 comm.barrier()
             if slots is not None:
                 slots.free()

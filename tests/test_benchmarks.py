@@ -103,15 +103,16 @@ def test_shared_cores_benchmark_sets_four_ranks_beside_two_in_one_run(mpiexec_pa
 
 def test_ps_throughput_benchmark_compares_each_mode_with_the_add_bound(mpirun):
     job = mpirun(os.path.join(ROOT, "benchmarks", "ps_throughput.py"), n=3,
-                 args=["--sizes", "100000", "--seconds", "0.2"])
+                 args=["--sizes", "100000", "--seconds", "0.2", "--servers", "2"])
     result = _json_from(job.output)
-    assert result["workers"] == 2
+    assert result["workers"] == 1 and result["servers"] == 2
     assert [(case["transport"], case["mode"]) for case in result["cases"]] == [
         (transport, mode) for transport in ("shared", "messages")
         for mode in ("downpour", "easgd", "gem")]
     for case in result["cases"]:
         assert case["parameters"] == 100000
-        assert case["shared_children"] == (2 if case["transport"] == "shared" else 0)
+        assert case["shared_children"] == (1 if case["transport"] == "shared" else 0)
+        assert len(case["server_cpu_seconds"]) == 2
         assert sum(case["staleness_histogram"].values()) == case["updates"] > 0
         for rate in ("updates_per_second", "updates_per_cpu_second"):
             assert set(case[f"{rate}_fraction_of"]) == {"add", "cold_add", "copy"}
