@@ -133,11 +133,11 @@ def test_a_group_whose_follower_dies_leaves_and_its_trial_goes_to_another(mpirun
 def test_a_stalled_trial_fails_at_its_timeout_and_the_search_ends_without_waiting(mpirun,
                                                                                   tmp_path):
     job = mpirun("tune_search.py", n=3, timeout=400,
-                 args=[tmp_path, "--trials", 6, "--stall-trial", 1, "--trial-timeout", 40])
+                 args=[tmp_path, "--trials", 6, "--stall-trial", 1, "--trial-timeout", 20])
     statuses = dict(job.rank(0)["statuses"])
     assert statuses.pop("1") == "FAILED"
     assert statuses == {str(i): "COMPLETED" for i in (0, 2, 3, 4, 5)}
-    assert "past trial_timeout=40 s" in job.rank(0)["messages"]["1"]
+    assert "past trial_timeout=20 s" in job.rank(0)["messages"]["1"]
     assert sorted(job.rank(0)["ended"]) == [str(i) for i in range(6)]
     # The stalled group woke up after the search had ended, and dropped its result.
     assert "ended after the search did; its result is dropped" in job.output
