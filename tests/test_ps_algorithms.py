@@ -284,3 +284,22 @@ def test_gem_rule_in_one_pass_equals_the_formula(rule_kernels, staleness_aware):
     np.testing.assert_allclose(rule.momenta[2], m, rtol=1e-6, atol=1e-7)
     assert rule.last_mean_scale == pytest.approx(float(factor.mean()), rel=1e-5)
     assert 0 < (factor == algorithms.GEM_MAX_SCALE).sum() and 0 < (factor == 0).sum()
+
+
+def test_a_checkpoint_resumes_only_with_its_mode_and_number_of_servers(tmp_path):
+    from kdist.ps import state
+
+    snapshot = {"center": np.arange(4, dtype=np.float32), "clock": 7,
+                "rule": {"momentum/2": np.ones(2, np.float32),
+                         "shard1/momentum/2": np.ones(2, np.float32)}}
+    config = {"mode": "gem", "servers": 2}
+    state.save(tmp_path, 3, snapshot, config, {"loss": [1.0]})
+    loaded = state.load(tmp_path, 4, config)
+    assert (loaded["epoch"], loaded["clock"]) == (3, 7)
+    assert set(loaded["rule"]) == {"momentum/2", "shard1/momentum/2"}
+    with pytest.raises(ValueError, match="written by 2 server"):
+        state.load(tmp_path, 4, {"mode": "gem", "servers": 1})
+    with pytest.raises(ValueError, match="written in mode 'gem'"):
+        state.load(tmp_path, 4, {"mode": "easgd", "servers": 2})
+    with pytest.raises(ValueError, match="another model"):
+        state.load(tmp_path, 5, config)

@@ -46,5 +46,11 @@ def load(directory, expected_size, config):
         raise ValueError(
             f"{path} was written in mode {meta['config'].get('mode')!r}; this run uses "
             f"{config.get('mode')!r}. Resume with the same mode or another checkpoint_dir.")
+    saved_servers = meta["config"].get("servers", 1)
+    if saved_servers != config.get("servers", 1):
+        raise ValueError(
+            f"{path} was written by {saved_servers} server(s), each with the rule state of "
+            f"its shard; this run has {config.get('servers', 1)}. Resume with "
+            f"servers={saved_servers} or another checkpoint_dir.")
     return {"epoch": meta["epoch"], "clock": meta["clock"], "center": center, "rule": rule,
             "history": meta.get("history", {})}
