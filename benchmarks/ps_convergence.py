@@ -1,6 +1,7 @@
 """Updates and wall time to a target accuracy: synchronous allreduce vs Downpour, EASGD, GEM.
 
-    python benchmarks/ps_convergence.py [--workers 4] [--target 0.92]
+    python benchmarks/ps_convergence.py [--workers 4] [--target 0.92] [--task teacher]
+                                        [--methods allreduce,downpour,easgd,gem]
 
 Each method trains the same MLP on the same generated classification task
 with `--workers` training processes (the parameter-server runs add one
@@ -10,8 +11,12 @@ validated; the table reports, for the first epoch that reaches `--target`
 validation accuracy, the wall time since training began, the updates applied
 (synchronous steps, or the master's applied updates), and the staleness the
 master saw. Settings per method follow common practice: allreduce and EASGD,
-which average, scale the learning rate with the number of workers.
-Prints one JSON object.
+which average, scale the learning rate with the number of workers. The
+`easgd_*` methods (not run by default) show what EASGD's settings do: the
+workers' learning rate unscaled (`same_lr`) with an exchange every step
+(`p1`) or every 4, an elastic force of 0.9 (`f09`), or scaled and exchanging
+every step. `--task teacher` labels the rows with a random two-layer tanh
+network instead of a noisy linear rule. Prints one JSON object.
 """
 
 import argparse
@@ -31,18 +36,28 @@ METHODS = {
     "downpour": {"lr_scale": 1},
     "easgd": {"lr_scale": "workers", "sync_every": 4, "elastic_force": 0.5},
     "gem": {"lr_scale": 1},
+    "easgd_same_lr": {"lr_scale": 1, "sync_every": 4, "elastic_force": 0.5},
+    "easgd_same_lr_p1": {"lr_scale": 1, "sync_every": 1, "elastic_force": 0.5},
+    "easgd_same_lr_p1_f09": {"lr_scale": 1, "sync_every": 1, "elastic_force": 0.9},
+    "easgd_p1": {"lr_scale": "workers", "sync_every": 1, "elastic_force": 0.5},
 }
+DEFAULT_METHODS = ["allreduce", "downpour", "easgd", "gem"]
 
 
-def task(seed=11, rows=8192, inputs=20, classes=4):
+def task(kind="linear", seed=11, rows=8192, inputs=20, classes=4):
     rng = np.random.default_rng(seed)
-    w = rng.normal(size=(inputs, classes))
     x = rng.normal(size=(rows + 2048, inputs)).astype("float32")
-    y = np.argmax(x @ w + 0.5 * rng.normal(size=(len(x), classes)), axis=-1).astype("int64")
+    if kind == "teacher":
+        hidden = np.tanh(x @ (rng.normal(size=(inputs, 32)) / np.sqrt(inputs)))
+        y = np.argmax(hidden @ (rng.normal(size=(32, classes)) / np.sqrt(32)), axis=-1)
+    else:
+        w = rng.normal(size=(inputs, classes))
+        y = np.argmax(x @ w + 0.5 * rng.normal(size=(len(x), classes)), axis=-1)
+    y = y.astype("int64")
     return (x[:rows], y[:rows]), (x[rows:], y[rows:])
 
 
-def child(method, epochs, workers):
+def child(method, epochs, workers, kind):
     from _mlp import one_thread
 
     one_thread()
@@ -53,11 +68,11 @@ def child(method, epochs, workers):
     kdist.init()
     settings = METHODS[method]
     scale = workers if settings["lr_scale"] == "workers" else settings["lr_scale"]
-    (x, y), (xv, yv) = task()
+    (x, y), (xv, yv) = task(kind)
     strategy = None
     if method != "allreduce":
         strategy = kdist.ps.ParameterServerStrategy(
-            mode=method, sync_every=settings.get("sync_every", 1),
+            mode=method.split("_")[0], sync_every=settings.get("sync_every", 1),
             elastic_force=settings.get("elastic_force", 0.5))
 
     def build():
@@ -112,13 +127,13 @@ def child(method, epochs, workers):
         print("RESULT " + json.dumps({"method": method, "records": records}), flush=True)
 
 
-def run(method, epochs, workers):
+def run(method, epochs, workers, kind):
     sys.path.insert(0, os.path.dirname(HERE))
     from kdist.cli import mpiexec_command
 
     ranks = workers if method == "allreduce" else workers + 1
     command = [sys.executable, "-u", os.path.abspath(__file__), "--child", method,
-               "--epochs", str(epochs), "--workers", str(workers)]
+               "--epochs", str(epochs), "--workers", str(workers), "--task", kind]
     argv, env = mpiexec_command(ranks, command)
     env.update({"TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": os.pathsep.join(
         [HERE, os.path.dirname(HERE), env.get("PYTHONPATH", "")])})
@@ -141,20 +156,22 @@ def main():
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--target", type=float, default=0.9)
-    parser.add_argument("--methods", default=",".join(METHODS))
+    parser.add_argument("--methods", default=",".join(DEFAULT_METHODS))
+    parser.add_argument("--task", choices=["linear", "teacher"], default="linear")
     parser.add_argument("--child")
     args = parser.parse_args()
     if args.child:
-        child(args.child, args.epochs, args.workers)
+        child(args.child, args.epochs, args.workers, args.task)
         return
     table = {}
     for method in args.methods.split(","):
         if method not in METHODS:
             raise SystemExit(f"Unknown method {method!r}; choose from {', '.join(METHODS)}.")
-        records = run(method, args.epochs, args.workers)
+        records = run(method, args.epochs, args.workers, args.task)
         table[method] = {"to_target": summarise(records, args.target), "epochs": records,
                          "settings": METHODS[method]}
-    print(json.dumps({"workers": args.workers, "target_val_accuracy": args.target,
+    print(json.dumps({"workers": args.workers, "task": args.task,
+                      "target_val_accuracy": args.target,
                       "base_learning_rate": BASE_LR, "methods": table}, indent=1))
 
 
