@@ -241,10 +241,10 @@ def rule_kernels(request, monkeypatch):
     from kdist.ps import kernels
 
     if request.param == "fused":
-        if kernels.library() is None:
+        if kernels.compiled() is None:
             pytest.fail(f"the fused loops did not build: {kernels._failure}")
     else:
-        monkeypatch.setattr(kernels, "_library", None)
+        monkeypatch.setattr(kernels, "_loops", None)
         monkeypatch.setattr(kernels, "_failure", "off for this test")
     return request.param
 

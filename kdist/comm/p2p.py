@@ -1,9 +1,10 @@
 """Point-to-point messages of fixed-size byte buffers, for parameter servers.
 
 A server keeps one receive outstanding per peer (`Mailbox`) and serves
-whichever peer's message lands first; a client sends one buffer and waits
-for one reply (`exchange`). Buffers are numpy arrays that MPI reads and
-writes in place, so a message of any size costs no extra copy in Python.
+whichever peer's message lands first; a client sends one buffer to each of
+its servers and waits for their replies (`exchange`). Buffers are numpy
+arrays that MPI reads and writes in place, so a message of any size costs no
+extra copy in Python.
 Small picklable objects (per-epoch logs) travel beside them on another tag.
 
 Under Open MPI's fault tolerance (`mpiexec --with-ft ulfm`), a peer that dies
@@ -143,18 +144,10 @@ class Outbox:
         self._requests.clear()
 
 
-def exchange(comm, peer, message, reply, up_tag, down_tag):
-    """Sends `message` to `peer` and waits for its `reply` (both numpy buffers)."""
-    raw = _raw(comm)
-    request = raw.Irecv(_bytes(reply), source=peer, tag=down_tag)
-    _wait(raw.Isend(_bytes(message), dest=peer, tag=up_tag), f"sending to rank {peer}")
-    _wait(request, f"the reply of rank {peer}")
-    return reply
-
-
-def exchange_many(comm, peers, messages, replies, up_tag, down_tag):
-    """`exchange` with several peers at once: every send and receive is posted
-    before any is waited for, so the peers serve in parallel."""
+def exchange(comm, peers, messages, replies, up_tag, down_tag):
+    """Sends `messages[i]` to `peers[i]` and waits for each one's `replies[i]`
+    (numpy buffers). Every send and receive is posted before any is waited
+    for, so several peers serve in parallel."""
     raw = _raw(comm)
     receives = [raw.Irecv(_bytes(reply), source=peer, tag=down_tag)
                 for peer, reply in zip(peers, replies)]

@@ -8,7 +8,7 @@
 #include <math.h>
 
 // Eight floats at a time where the processor has AVX2, chosen when the
-// library loads; four (SSE2) elsewhere on x86-64.
+// loops are loaded; four (SSE2) elsewhere on x86-64.
 #if defined(__x86_64__) && defined(__GNUC__)
 #define KDIST_VECTOR_CLONES __attribute__((target_clones("avx2", "default")))
 #else

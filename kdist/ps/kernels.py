@@ -21,7 +21,7 @@ logger = logging.getLogger(__name__)
 _SOURCE = "kernels.cc"
 _FLAGS = ["-O3", "-fno-math-errno", "-fopenmp-simd", "-shared", "-fPIC"]
 _lock = threading.Lock()
-_library = None
+_loops = None
 _failure = None
 
 
@@ -37,33 +37,33 @@ def _build():
     path = os.path.join(native._cache_dir(), "ops", f"libkdist_ps_{key.hexdigest()[:16]}.so")
     native._compile(path, [compiler] + _FLAGS + [os.path.join(here, _SOURCE)],
                     "kdist's parameter-server loops")
-    library = ctypes.CDLL(path)
+    loops = ctypes.CDLL(path)
     pointer, size, single = ctypes.c_void_p, ctypes.c_long, ctypes.c_float
-    library.kdist_easgd.argtypes = [pointer, pointer, pointer, size, single]
-    library.kdist_easgd.restype = None
-    library.kdist_gem.argtypes = [pointer] * 5 + [size] + [single] * 5
-    library.kdist_gem.restype = ctypes.c_float
-    return library
+    loops.kdist_easgd.argtypes = [pointer, pointer, pointer, size, single]
+    loops.kdist_easgd.restype = None
+    loops.kdist_gem.argtypes = [pointer] * 5 + [size] + [single] * 5
+    loops.kdist_gem.restype = ctypes.c_float
+    return loops
 
 
-def library():
+def compiled():
     """The loaded loops, or None (then use numpy)."""
-    global _library, _failure
-    if _library is not None or _failure is not None:
-        return _library
+    global _loops, _failure
+    if _loops is not None or _failure is not None:
+        return _loops
     with _lock:
-        if _library is None and _failure is None:
+        if _loops is None and _failure is None:
             if os.environ.get("KDIST_NATIVE_KERNELS", "1").lower() in ("0", "false", "no"):
                 _failure = "disabled by KDIST_NATIVE_KERNELS"
             else:
                 try:
-                    _library = _build()
+                    _loops = _build()
                 except Exception as error:  # any build problem: numpy still works
                     _failure = str(error)
                     logger.warning("The parameter server's fused update loops are not "
                                    "available (%s); using numpy, which is slower.",
                                    _failure.splitlines()[0])
-    return _library
+    return _loops
 
 
 def _address(array, name):
@@ -75,14 +75,14 @@ def _address(array, name):
 def easgd(worker, center, reply, elastic_force):
     """`center += a (worker - center)`, `reply = worker - a (worker - center)`, one pass."""
     n = center.shape[0]
-    _library.kdist_easgd(_address(worker, "worker"), _address(center, "center"),
+    _loops.kdist_easgd(_address(worker, "worker"), _address(center, "center"),
                          _address(reply, "reply"), n, elastic_force)
 
 
 def gem(center, update, momentum, pulled, out, kappa, mu, scale, eps, max_scale):
     """GEM's momentum, factor and step in one pass; returns the mean factor."""
     n = center.shape[0]
-    total = _library.kdist_gem(_address(center, "center"), _address(update, "update"),
+    total = _loops.kdist_gem(_address(center, "center"), _address(update, "update"),
                                _address(momentum, "momentum"), _address(pulled, "pulled"),
                                _address(out, "out"), n, kappa, mu, scale, eps, max_scale)
     return total / n if n else 1.0

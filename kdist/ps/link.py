@@ -72,7 +72,7 @@ class Link:
                 np.copyto(out.body, self.message.body[start:stop])
         if self._slots is not None:
             self._slots.sync()
-        p2p.exchange_many(self.comm, self.servers, [m.wire for m in self._out],
+        p2p.exchange(self.comm, self.servers, [m.wire for m in self._out],
                           [m.wire for m in self._in], protocol.UP, protocol.DOWN)
         if self._slots is not None:
             self._slots.sync()

@@ -56,7 +56,7 @@ class EasgdRule:
 
     def absorb(self, child, incoming, center, reply, stale):
         t = self.size
-        if kernels.library() is not None:
+        if kernels.compiled() is not None:
             kernels.easgd(incoming[:t], center[:t], reply[:t], self.elastic_force)
         else:
             algorithms.easgd_exchange_(incoming[:t], center[:t], self.elastic_force,
@@ -93,7 +93,7 @@ class GemRule:
         if momentum is None:
             momentum = self.momenta[child] = np.zeros(t, np.float32)
         scale = algorithms.staleness_factor(stale) if self.staleness_aware else 1.0
-        if kernels.library() is not None:
+        if kernels.compiled() is not None:
             # The reply buffer holds the centre this child pulled last time;
             # the loop reads it before writing the new centre there.
             self.last_mean_scale = kernels.gem(
