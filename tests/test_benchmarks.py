@@ -132,11 +132,11 @@ def test_ps_convergence_benchmark_reports_each_method_against_the_target(mpiexec
         assert len(method["epochs"]) == 1 and method["to_target"]["updates"] > 0
 
 
-def test_gan_throughput_benchmark_compares_one_and_two_ranks(mpiexec_path):
+def test_gan_throughput_benchmark_compares_ranks_and_the_parameter_server(mpiexec_path):
     pytest.importorskip("h5py")
     done = subprocess.run(
         [sys.executable, os.path.join(ROOT, "benchmarks", "gan_throughput.py"), "--models",
-         "small", "--steps", "1", "--batch", "2"],
+         "small", "--steps", "1", "--batch", "2", "--ps-modes", "easgd", "--ps-ranks", "3"],
         capture_output=True, text=True, timeout=400, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
     assert done.returncode == 0, done.stderr[-3000:]
     result = _json_from(done.stdout)
@@ -145,6 +145,16 @@ def test_gan_throughput_benchmark_compares_one_and_two_ranks(mpiexec_path):
     assert all(rate > 0 for rate in small["showers_per_s"].values())
     assert small["scaling"] == pytest.approx(small["showers_per_s"]["2"]
                                              / small["showers_per_s"]["1"])
+    # Two workers beside a master: their own rates add up, every update is
+    # in the staleness histogram, and the comparison is with two sync ranks.
+    ps = small["ps"]["easgd"]
+    assert set(ps) == {"2", "vs_sync"}
+    run = ps["2"]
+    assert len(run["worker_showers_per_s"]) == 2 and min(run["worker_showers_per_s"]) > 0
+    assert run["showers_per_s"] == pytest.approx(sum(run["worker_showers_per_s"]))
+    assert run["updates"] >= 2 * 3 and 0 < run["master_busy"] < 1 and run["master_cpu"] > 0
+    assert sum(run["staleness_histogram"].values()) == run["updates"]
+    assert ps["vs_sync"] == pytest.approx(run["showers_per_s"] / small["showers_per_s"]["2"])
 
 
 def test_sparsity_benchmark_compares_kdist_with_tfmot():
