@@ -26,13 +26,15 @@ class Rules:
     """The settings of one replay: mode and its parameters, at the top master.
 
     Sub-masters add their workers' updates plainly (or run the elastic
-    exchange in EASGD), whatever the top master does.
+    exchange in EASGD), whatever the top master does. An EASGD worker sends
+    the weights it resumed from plus `step_scale` times its progress since.
     """
 
     def __init__(self, mode, elastic_force=0.5, gem_kappa=1.5, gem_momentum=0.9,
-                 staleness_aware=False, momenta=None):
+                 staleness_aware=False, momenta=None, step_scale=1.0):
         self.mode = mode
         self.elastic_force = np.float32(elastic_force)
+        self.step_scale = np.float32(step_scale)
         self.kappa, self.mu = np.float32(gem_kappa), np.float32(gem_momentum)
         self.staleness_aware = staleness_aware
         self.momenta = {c: np.array(m, np.float32) for c, m in (momenta or {}).items()}
@@ -40,7 +42,7 @@ class Rules:
     def copy(self):
         """The same rules, from the same starting momenta (a replay updates its own)."""
         return Rules(self.mode, self.elastic_force, self.kappa, self.mu,
-                     self.staleness_aware, self.momenta)
+                     self.staleness_aware, self.momenta, self.step_scale)
 
     @property
     def sends_weights(self):
@@ -147,7 +149,7 @@ def replay(records, rules, until=None):
                        until if rank == 0 else None)
     _, _, start, trainable = records[0].server
     for rank in workers:
-        _check_worker(records[rank], start, trainable, rules.sends_weights, result)
+        _check_worker(records[rank], start, trainable, rules, result)
     return result
 
 
@@ -199,9 +201,9 @@ def _replay_server(records, rank, rules, result, until):
         result.momenta = {c: m.copy() for c, m in rules.momenta.items()}
 
 
-def _check_worker(record, start, t, sends_weights, result):
-    """The worker starts from the centre, sends its weights (EASGD) or their change
-    since the last reply, and starts its next step from the reply."""
+def _check_worker(record, start, t, rules, result):
+    """The worker starts from the centre, sends its (stretched) weights (EASGD)
+    or their change since the last reply, and starts its next step from the reply."""
     if record.steps:
         result._note("worker_deviation", record.steps[0], start)
     pulled = start
@@ -209,8 +211,13 @@ def _check_worker(record, start, t, sends_weights, result):
     for index, sent in enumerate(record.sends):
         weights = sent["weights"]
         if weights is not None:
-            expected = weights if sends_weights else np.concatenate(
-                [weights[:t] - pulled[:t], weights[t:]])
+            if not rules.sends_weights:
+                trained = weights[:t] - pulled[:t]
+            elif rules.step_scale != 1:
+                trained = pulled[:t] + rules.step_scale * (weights[:t] - pulled[:t])
+            else:
+                trained = weights[:t]
+            expected = np.concatenate([trained, weights[t:]])
             result._note("worker_deviation", expected, sent["body"])
         if index >= len(record.replies):
             break

@@ -50,6 +50,15 @@ class ParameterServerStrategy:
         master_optimizer: for downpour: "sgd" (plain addition, the default),
             "adam", a config dict, or a `kdist.ps.MasterSGD`/`MasterAdam`.
         elastic_force: EASGD's moving rate, in (0, 1].
+        elastic_step_scale: EASGD only: each worker's own progress between
+            exchanges is multiplied by this before the elastic exchange (for
+            plain SGD, the same as multiplying its learning rate). The
+            centre is an average of workers that each see 1/p of the data,
+            so at the compiled rate it learns about p times slower per epoch
+            than Downpour's, which sums their steps. "workers" (the default)
+            scales by the number of workers p, so that one worker's step
+            moves the centre about as far as in Downpour; 1 trains each
+            worker exactly as compiled.
         gem_momentum: the momentum `mu` GEM assumes for each worker, in [0, 1).
         gem_kappa: GEM's target multiple of one worker's momentum (> 0).
         submasters: sub-masters between the master and the workers.
@@ -77,7 +86,8 @@ class ParameterServerStrategy:
     """
 
     def __init__(self, mode="downpour", sync_every=1, master_optimizer="sgd",
-                 elastic_force=0.5, gem_momentum=0.9, gem_kappa=1.5, submasters=0, servers=1,
+                 elastic_force=0.5, elastic_step_scale="workers", gem_momentum=0.9,
+                 gem_kappa=1.5, submasters=0, servers=1,
                  validate_every=1, staleness_aware=False, checkpoint_dir=None, shard=True,
                  fault_tolerant=False, shared_memory=True, comm=None):
         if mode not in rules.MODES:
@@ -88,6 +98,12 @@ class ParameterServerStrategy:
         if not 0.0 < elastic_force <= 1.0:
             raise ValueError(f"elastic_force must lie in (0, 1]; got {elastic_force}. "
                              "0.5 is a common choice; 1 copies the worker into the centre.")
+        if elastic_step_scale != "workers" and (
+                isinstance(elastic_step_scale, bool)
+                or not isinstance(elastic_step_scale, (int, float)) or elastic_step_scale <= 0):
+            raise ValueError(f"elastic_step_scale must be 'workers' or a positive number "
+                             f"(1 keeps each worker's steps as compiled); got "
+                             f"{elastic_step_scale!r}.")
         if not 0.0 <= gem_momentum < 1.0:
             raise ValueError(f"gem_momentum must lie in [0, 1); got {gem_momentum}.")
         if gem_kappa <= 0:
@@ -99,6 +115,7 @@ class ParameterServerStrategy:
         self.sync_every = sync_every
         self.master_optimizer = master_optimizer
         self.elastic_force = float(elastic_force)
+        self.elastic_step_scale = elastic_step_scale
         self.gem_momentum = float(gem_momentum)
         self.gem_kappa = float(gem_kappa)
         self.submasters = int(submasters)
@@ -151,6 +168,13 @@ class ParameterServerStrategy:
         """This worker's index among the workers, or None on a server."""
         return self.rank - self.servers - self.submasters if self.is_worker else None
 
+    def _step_scale(self):
+        if self.mode != "easgd":
+            return 1.0
+        if self.elastic_step_scale == "workers":
+            return float(self.num_workers)
+        return float(self.elastic_step_scale)
+
     def _servers_of(self, rank):
         parent = self.parent[rank]
         return list(range(self.servers)) if parent == 0 else [parent]
@@ -158,7 +182,8 @@ class ParameterServerStrategy:
     def get_config(self):
         return {"mode": self.mode, "sync_every": self.sync_every,
                 "master_optimizer": master_optimizers.get(self.master_optimizer).get_config(),
-                "elastic_force": self.elastic_force, "gem_momentum": self.gem_momentum,
+                "elastic_force": self.elastic_force,
+                "elastic_step_scale": self.elastic_step_scale, "gem_momentum": self.gem_momentum,
                 "gem_kappa": self.gem_kappa, "submasters": self.submasters,
                 "servers": self.servers,
                 "validate_every": self.validate_every,
@@ -267,7 +292,8 @@ class ParameterServerStrategy:
             raise ValueError(f"Rank {self.rank} is a server, not a worker; call make_server() "
                              "there.")
         return WorkerSession(self.comm, self._servers_of(self.rank), Layout(models),
-                             self.mode == "easgd", self.sync_every)
+                             self.mode == "easgd", self.sync_every,
+                             step_scale=self._step_scale())
 
     def make_server(self, models, center=None, first_epoch=0, clock=0):
         """The `Server` this rank runs (master, shard server or sub-master), for
@@ -320,7 +346,8 @@ class ParameterServerStrategy:
             x, y = shard(x, index, count), shard(y, index, count)
             sample_weight = shard(sample_weight, index, count)
         session = WorkerSession(self.comm, self._servers_of(self.rank), layout,
-                                self.mode == "easgd", self.sync_every, self._slots)
+                                self.mode == "easgd", self.sync_every, self._slots,
+                                self._step_scale())
         for master_only in ("validation_freq", "validation_steps", "validation_batch_size"):
             fit_kwargs.pop(master_only, None)
         fit_kwargs["callbacks"].append(SyncCallback(session))

@@ -29,11 +29,13 @@ from kdist.ps.link import Link
 class WorkerSession:
     """Keeps a replica (the variables of `layout`) in step with its server."""
 
-    def __init__(self, comm, parent, layout, sends_weights, sync_every, slots=None):
+    def __init__(self, comm, parent, layout, sends_weights, sync_every, slots=None,
+                 step_scale=1.0):
         self.layout = layout
         self.link = Link(comm, parent, layout.size, slots)
         self.sends_weights = sends_weights
         self.sync_every = sync_every
+        self.step_scale = float(step_scale)
         self.steps = 0
         self.exchanges = 0
         self.stop_requested = False
@@ -59,9 +61,16 @@ class WorkerSession:
     def _sync(self, kind, epoch=0, logs=None):
         body = self.link.message.body
         self.layout.read_(body)
+        t = self.layout.trainable_size
         if not self.sends_weights:
-            t = self.layout.trainable_size
             body[:t] -= self.link.reply.body[:t]
+        elif self.step_scale != 1.0:
+            # The reply holds the weights this worker resumed from: stretch
+            # its own progress since then before the elastic exchange.
+            last = self.link.reply.body[:t]
+            body[:t] -= last
+            body[:t] *= self.step_scale
+            body[:t] += last
         reply = self.link.exchange(kind, epoch=epoch, steps=self.steps, logs=logs)
         self.layout.write(reply.body)
         self.exchanges += 1
