@@ -140,6 +140,27 @@ def test_two_ranks_train_resume_and_validate(mpirun, tmp_path):
     metrics = json.loads((validation / "metrics.json").read_text())
     assert metrics["showers"] == 40 and len(metrics["longitudinal_relative_difference"]) == 25
     assert metrics["total_energy_ratio"] > 0 and metrics["cell_spectrum_wasserstein_log10"] >= 0
+    # The physicist's report: every metric beside its floor, and the timings.
+    report = json.loads((validation / "evaluation.json").read_text())
+    assert report["showers"] == 40 and set(report) >= {"generated", "floor", "summary"}
+    names = [row["metric"] for row in report["summary"]]
+    assert "classifier AUC, high-level features" in names and "energy response" in names[0]
+    assert all(row["floor"] is not None for row in report["summary"][:11])
+    assert report["timing"]["generation_seconds_per_shower"] > 0
+    assert "| metric | generated | floor |" in (validation / "evaluation.md").read_text()
+    for name in ("energy_ratio", "shower_depth", "sparsity", "width_x", "centre_x"):
+        assert (validation / f"feature_{name}.png").stat().st_size > 1000, name
+
+    # Against the training files, the floor is the next showers of the same files.
+    import validate
+
+    on_files = tmp_path / "on_files"
+    validate.main(["--input", str(out), "--output", str(on_files), "--data", str(out / "data"),
+                   "--showers", "20"])
+    report = json.loads((on_files / "evaluation.json").read_text())
+    assert report["showers"] == 20 and report["timing"]["simulation_seconds_per_shower"] is None
+    assert report["floor"]["sparsity"]["reference"] == report["generated"]["sparsity"]["reference"]
+    assert report["floor"]["sparsity"]["other"] != report["floor"]["sparsity"]["reference"]
 
 
 def test_validation_metrics_separate_good_from_bad_showers(showers):
@@ -169,3 +190,47 @@ def test_train_runs_with_the_other_strategies(mpirun, tmp_path, strategy, ranks)
     assert summary["strategy"] == strategy and summary["epochs_run"] == 2
     assert all(np.isfinite(summary["history"]["d_loss"]))
     assert (out / "generator.keras").exists()
+
+
+def test_separation_power_and_chi2_tell_one_distribution_from_another():
+    import evaluation
+
+    rng = np.random.default_rng(0)
+    a, b = rng.normal(size=4000), rng.normal(size=4000)
+    assert evaluation.separation_power(a, a) == 0.0
+    assert evaluation.separation_power(a, b) < 0.01
+    assert evaluation.separation_power(a, a + 100.0) == pytest.approx(1.0)
+    assert evaluation.chi2_per_dof(a, b) < 2.0 < 10.0 < evaluation.chi2_per_dof(a, b + 0.5)
+
+
+def test_the_evaluation_puts_a_wrong_generator_far_from_the_floor(showers):
+    import evaluation
+
+    energies, cells = showers
+    second = data.simulate(energies, seed=2)
+    # Right shapes but 5 % too much energy, and every other row of cells empty.
+    wrong = data.simulate(energies, seed=3) * 1.05
+    wrong[:, ::2] = 0.0
+    report = evaluation.evaluate(cells, second, wrong, energies)
+    rows = {row["metric"]: row for row in report["summary"]}
+    response = rows["energy response, worst bin (generated / reference - 1)"]
+    assert response["floor"] < 0.02 < response["generated"] and response["met"] is False
+    sparsity = rows["sparsity (generated - reference)"]
+    assert sparsity["floor"] < 0.005 and sparsity["generated"] > 0.03 and not sparsity["met"]
+    auc = rows["classifier AUC, high-level features"]
+    assert auc["floor"] < 0.7 < 0.95 < auc["generated"]
+    transverse = rows["transverse profile separation power (x, y mean)"]
+    assert transverse["generated"] > 3 * transverse["floor"] and transverse["met"] is False
+    # Per energy bin, the reference against itself responds as one.
+    for row in report["floor"]["energy_response"]:
+        assert row["response_ratio"] == pytest.approx(1.0, abs=0.02)
+    assert "| energy response" in evaluation.markdown(report)
+
+
+def test_physics_distances_say_why_they_are_missing_without_jetnet(monkeypatch):
+    import evaluation
+
+    monkeypatch.setitem(sys.modules, "jetnet", None)
+    monkeypatch.setitem(sys.modules, "jetnet.evaluation", None)
+    distances = evaluation.physics_distances(np.ones((10, 3)), np.ones((10, 3)))
+    assert distances["fpd"] is None and "kdist[physics]" in distances["unavailable"]

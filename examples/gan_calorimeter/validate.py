@@ -13,7 +13,12 @@ writes to OUTPUT:
 - showers.png: a real and a generated shower side by side (x-depth view);
 - metrics.json: per-layer relative difference of the mean longitudinal
   profile, ratio of mean total energies, and the Wasserstein distance between
-  the log10 cell-energy spectra (with the fraction of empty cells of each).
+  the log10 cell-energy spectra (with the fraction of empty cells of each);
+- evaluation.json, evaluation.md and feature_*.png: the calorimeter metrics
+  of `evaluation.py` (separation powers, chi-squared, classifier AUCs, FPD and
+  KPD, energy response and resolution per energy bin, sparsity, generation
+  time), each beside its floor, a second reference sample of the same size
+  and energies, and the targets the training recipe aims at.
 """
 
 import argparse
@@ -21,12 +26,14 @@ import glob
 import json
 import os
 import sys
+import time
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import data  # noqa: E402
+import evaluation  # noqa: E402
 import model as gan_model  # noqa: E402
 
 # Cells below this (GeV) count as empty: well under one ionisation hit.
@@ -141,13 +148,29 @@ def main(argv=None):
     import keras
 
     generator = keras.models.load_model(path)
+    # The floor: a second, independent reference sample, as a perfect generator
+    # would give: the next showers of the same files, or a second simulation
+    # for the same energies.
+    simulation_seconds = second_energies = None
     if args.data:
         files = sorted(glob.glob(os.path.join(args.data, "*.h5")))
-        real, energies = data.ShowerFiles(files).read(limit=args.showers)
+        both, all_energies = data.ShowerFiles(files).read(limit=2 * args.showers)
+        half = len(both) // 2
+        if half < 10:
+            raise SystemExit(f"{args.data} holds {len(both)} showers; the report needs at "
+                             "least 20 (half of them for the floor).")
+        real, second = both[:half], both[half:2 * half]
+        energies, second_energies = all_energies[:half], all_energies[half:2 * half]
     else:
         energies = np.random.default_rng(args.seed).uniform(10.0, 500.0, args.showers)
+        started = time.perf_counter()
         real = data.simulate(energies, seed=args.seed)
+        simulation_seconds = (time.perf_counter() - started) / len(energies)
+        second = data.simulate(energies, seed=args.seed + 1)
+    generate(generator, energies[:64], seed=args.seed)  # the first call builds the graph
+    started = time.perf_counter()
     fake = generate(generator, energies, seed=args.seed)
+    generation_seconds = (time.perf_counter() - started) / len(energies)
     os.makedirs(args.output, exist_ok=True)
     result = metrics(real, fake)
     def write_metrics(path):
@@ -156,8 +179,15 @@ def main(argv=None):
 
     data.replace_atomically(os.path.join(args.output, "metrics.json"), write_metrics)
     plot(real, fake, np.asarray(energies), args.output)
+    report = evaluation.evaluate(real, second, fake, energies, seed=args.seed,
+                                 generation_seconds_per_shower=generation_seconds,
+                                 simulation_seconds_per_shower=simulation_seconds,
+                                 second_energies=second_energies)
+    evaluation.write_report(report, args.output)
+    evaluation.plot(real, second, fake, energies, args.output, second_energies)
     print(json.dumps({k: v for k, v in result.items() if k != "longitudinal_relative_difference"},
                      indent=1))
+    print(evaluation.markdown(report), flush=True)
 
 
 if __name__ == "__main__":
