@@ -50,6 +50,8 @@ def parse(argv=None):
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--d-steps", type=int, default=1)
     parser.add_argument("--g-steps", type=int, default=2)
+    parser.add_argument("--aux-weight", type=float, default=0.1,
+                        help="weight of the energy and cell-sum regressions (published: 0.1)")
     parser.add_argument("--small", action="store_true", help="the small model, for CPUs")
     parser.add_argument("--quick", action="store_true",
                         help="small model, 2 files of 256 showers, 4 epochs")
@@ -63,6 +65,8 @@ def parse(argv=None):
     for name in ("epochs", "batch_size", "files", "showers"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    if args.aux_weight < 0:
+        parser.error("--aux-weight must be at least 0")
     args.data = args.data or os.path.join(args.output, "data")
     return args
 
@@ -108,10 +112,12 @@ def compile_gan(gan, args, wrap=None):
     if wrap is not None:
         optimizers = [wrap(o) for o in optimizers]
     # One-sided label smoothing and the published loss weights: the adversarial
-    # term counts double, the energy and cell-sum regressions a tenth each.
+    # term counts double, the energy and cell-sum regressions a tenth each
+    # (`--aux-weight`).
+    weight = getattr(args, "aux_weight", 0.1)
     gan.compile(*optimizers, loss="binary_crossentropy",
                 aux_losses=["mean_absolute_percentage_error"] * 2,
-                aux_loss_weights=[0.1, 0.1], adversarial_weight=2.0, label_smoothing=0.1)
+                aux_loss_weights=[weight, weight], adversarial_weight=2.0, label_smoothing=0.1)
 
 
 def main(argv=None):
