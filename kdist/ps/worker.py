@@ -27,7 +27,12 @@ from kdist.ps.link import Link
 
 
 class WorkerSession:
-    """Keeps a replica (the variables of `layout`) in step with its server."""
+    """Keeps a replica (the variables of `layout`) in step with its server.
+
+    A worker that sends its weights (EASGD) first stretches its progress since
+    its last exchange by `step_scale` (the strategy's `elastic_step_scale`);
+    the others send the change of their weights since then.
+    """
 
     def __init__(self, comm, parent, layout, sends_weights, sync_every, slots=None,
                  step_scale=1.0):
