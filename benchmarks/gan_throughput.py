@@ -110,7 +110,7 @@ def ps_worker(args, strategy, gan, dataset, batch, clock, marks):
         print(json.dumps({"model": args.model, "mode": args.ps_mode, "ranks": len(rates),
                           "workers": strategy.num_workers, "batch_per_worker": batch,
                           "showers_per_s": sum(rates),
-                          "worker_showers_per_s": [r for r in rates[1:]],
+                          "worker_showers_per_s": rates[1:],
                           "updates": stats["updates"], "master_busy": stats["utilisation"],
                           "master_cpu": stats["cpu_seconds"] / wall,
                           "staleness_mean": stats["staleness_mean"],

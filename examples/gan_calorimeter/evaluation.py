@@ -217,25 +217,32 @@ def energy_response(showers, energies, bins=ENERGY_BINS):
     return rows
 
 
-def compare(reference, other, energies, seed=0, classifier=True, other_energies=None):
-    """Every metric of `other` against `reference`, for primary `energies`
-    (`other_energies` when the other sample's differ)."""
-    other_energies = energies if other_energies is None else other_energies
-    ref_features = high_level_features(reference, energies)
-    oth_features = high_level_features(other, other_energies)
+def describe(showers, energies, classifier=True):
+    """What the metrics read of one sample, computed once however many
+    comparisons it takes part in."""
+    features = high_level_features(showers, energies)
+    return {"showers": showers, "features": features, "matrix": feature_matrix(features),
+            "cells": cell_matrix(showers) if classifier else None,
+            "distance": distance_features(features),
+            "response": energy_response(showers, energies)}
+
+
+def compare(reference, other, seed=0):
+    """Every metric of `other` against `reference`, two `describe` results;
+    the classifier AUCs when both were described with their cells."""
+    ref_features, oth_features = reference["features"], other["features"]
     result = {"histograms": histogram_metrics(ref_features, oth_features),
-              "cell_spectrum_separation_power": spectrum_separation(reference, other),
+              "cell_spectrum_separation_power": spectrum_separation(reference["showers"],
+                                                                    other["showers"]),
               "sparsity": {"reference": float(ref_features["sparsity"].mean()),
                            "other": float(oth_features["sparsity"].mean())}}
-    ref_matrix, oth_matrix = feature_matrix(ref_features), feature_matrix(oth_features)
-    if classifier:
-        result["classifier_auc_high_level"] = classifier_auc(ref_matrix, oth_matrix, seed)
-        result["classifier_auc_cells"] = classifier_auc(cell_matrix(reference),
-                                                        cell_matrix(other), seed)
-    result["physics_distances"] = physics_distances(distance_features(ref_features),
-                                                    distance_features(oth_features))
-    ref_response = energy_response(reference, energies)
-    oth_response = {tuple(r["energy_bin"]): r for r in energy_response(other, other_energies)}
+    if reference["cells"] is not None and other["cells"] is not None:
+        result["classifier_auc_high_level"] = classifier_auc(reference["matrix"],
+                                                             other["matrix"], seed)
+        result["classifier_auc_cells"] = classifier_auc(reference["cells"], other["cells"],
+                                                        seed)
+    result["physics_distances"] = physics_distances(reference["distance"], other["distance"])
+    oth_response = {tuple(r["energy_bin"]): r for r in other["response"]}
     result["energy_response"] = [
         {"energy_bin": r["energy_bin"], "showers": r["showers"],
          "response_reference": r["response"],
@@ -243,7 +250,7 @@ def compare(reference, other, energies, seed=0, classifier=True, other_energies=
          "response_ratio": oth_response[tuple(r["energy_bin"])]["response"] / r["response"],
          "resolution_reference": r["resolution"],
          "resolution_other": oth_response[tuple(r["energy_bin"])]["resolution"]}
-        for r in ref_response if tuple(r["energy_bin"]) in oth_response]
+        for r in reference["response"] if tuple(r["energy_bin"]) in oth_response]
     return result
 
 
@@ -254,8 +261,10 @@ def evaluate(reference, second_reference, generated, energies, seed=0, classifie
     second_reference), "timing": ..., "summary": rows}. `generated` is for the
     reference's `energies`; `second_reference` too, unless `second_energies`
     gives its own (a second part of the same real files)."""
-    generated_figures = compare(reference, generated, energies, seed, classifier)
-    floor = compare(reference, second_reference, energies, seed, classifier, second_energies)
+    second_energies = energies if second_energies is None else second_energies
+    base = describe(reference, energies, classifier)
+    generated_figures = compare(base, describe(generated, energies, classifier), seed)
+    floor = compare(base, describe(second_reference, second_energies, classifier), seed)
     result = {"showers": int(len(reference)), "generated": generated_figures, "floor": floor,
               "timing": {"generation_seconds_per_shower": generation_seconds_per_shower,
                          "simulation_seconds_per_shower": simulation_seconds_per_shower}}
@@ -396,10 +405,13 @@ def plot(reference, second_reference, generated, energies, output, second_energi
 
 def write_report(result, output):
     """evaluation.json and evaluation.md in `output`, each written atomically."""
+    import data
+
     os.makedirs(output, exist_ok=True)
     for name, text in (("evaluation.json", json.dumps(result, indent=1)),
                        ("evaluation.md", markdown(result))):
-        partial = os.path.join(output, f".{name}.partial")
-        with open(partial, "w") as f:
-            f.write(text)
-        os.replace(partial, os.path.join(output, name))
+        def write(path, text=text):
+            with open(path, "w") as f:
+                f.write(text)
+
+        data.replace_atomically(os.path.join(output, name), write)
