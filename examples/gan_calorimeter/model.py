@@ -11,6 +11,10 @@ normalisation and dropout, then average pooling and three heads: real/fake
 
 `small=True` gives a lighter variant that trains about 20 times more showers
 per second on a CPU (docs/performance.md), for CPU work and tests.
+`generator(coordinates=True)` lets the generator's last convolutions see each
+cell's position (`CellCoordinates`), which narrows the shower core;
+`discriminator(log_cells=True)` shows the discriminator log cell energies
+(`LogCells`). docs/gan.md gives what each does to the calorimeter metrics.
 
 Units: the models see cell energies in GeV times `CELL_SCALE`, which brings
 the typical occupied cell near 0.01-1 (smaller values starved the ReLU output
@@ -37,8 +41,61 @@ class CellSum(layers.Layer):
         return (input_shape[0], 1)
 
 
-def generator(small=False, latent=LATENT):
-    """The generator: [latent (latent,), energy (1,)] -> shower (25, 25, 25, 1)."""
+@keras.saving.register_keras_serializable(package="gan_calorimeter")
+class CellCoordinates(layers.Layer):
+    """Appends each cell's position along x, y and depth, from -1 to 1, as 3 channels.
+
+    Convolutions do not know where they are. After the small generator's
+    five-fold nearest-neighbour upsampling, the cells of one block all start
+    from the same values, and two 3x3x3 convolutions cannot make a shower core
+    narrower than a block. With its position as input (as in CoordConv) a
+    convolution can.
+    """
+
+    def call(self, x):
+        sizes = tuple(x.shape[1:4])
+        lines = []
+        for axis, size in enumerate(sizes):
+            shape = [1, 1, 1]
+            shape[axis] = size
+            line = keras.ops.reshape(keras.ops.linspace(-1.0, 1.0, size), shape)
+            lines.append(keras.ops.broadcast_to(line, sizes))
+        grid = keras.ops.cast(keras.ops.stack(lines, axis=-1)[None], x.dtype)
+        grid = keras.ops.broadcast_to(grid, (keras.ops.shape(x)[0],) + sizes + (3,))
+        return keras.ops.concatenate([x, grid], axis=-1)
+
+    def compute_output_shape(self, input_shape):
+        return tuple(input_shape[:-1]) + (input_shape[-1] + 3,)
+
+
+@keras.saving.register_keras_serializable(package="gan_calorimeter")
+class LogCells(layers.Layer):
+    """What the discriminator sees with `log_cells=True`: log(1 + cells / unit) / 7.
+
+    On a linear scale a core cell outweighs a single-hit cell a thousand times,
+    so the discriminator cannot see whether the halo around the core is
+    occupied. On this scale one hit (`unit`, in model units) reads 0.69 and the
+    hottest cells about 1.
+    """
+
+    def __init__(self, unit=0.01, **kwargs):
+        super().__init__(**kwargs)
+        if not unit > 0:
+            raise ValueError(f"unit must be > 0; got {unit!r}.")
+        self.unit = float(unit)
+
+    def call(self, showers):
+        return keras.ops.log1p(showers / self.unit) / 7.0
+
+    def get_config(self):
+        return {**super().get_config(), "unit": self.unit}
+
+
+def generator(small=False, latent=LATENT, coordinates=False):
+    """The generator: [latent (latent,), energy (1,)] -> shower (25, 25, 25, 1).
+
+    With `coordinates=True`, `CellCoordinates` follows the last upsampling.
+    """
     noise = keras.Input((latent,), name="latent")
     energy = keras.Input((1,), name="energy")
     x = layers.Multiply()([noise, energy])
@@ -49,6 +106,8 @@ def generator(small=False, latent=LATENT):
         x = layers.LeakyReLU(0.2)(x)
         x = layers.BatchNormalization()(x)
         x = layers.UpSampling3D(5)(x)
+        if coordinates:
+            x = CellCoordinates()(x)
         x = layers.Conv3D(8, 3, padding="same", kernel_initializer="he_uniform")(x)
         x = layers.LeakyReLU(0.2)(x)
     else:
@@ -62,6 +121,8 @@ def generator(small=False, latent=LATENT):
         x = layers.LeakyReLU(0.2)(x)
         x = layers.BatchNormalization()(x)
         x = layers.UpSampling3D(2)(x)                                  # 28, 28, 32
+        if coordinates:
+            x = CellCoordinates()(x)
         x = layers.Conv3D(6, (4, 4, 8), kernel_initializer="he_uniform")(x)   # 25, 25, 25
         x = layers.LeakyReLU(0.2)(x)
         x = layers.BatchNormalization()(x)
@@ -70,11 +131,16 @@ def generator(small=False, latent=LATENT):
     return keras.Model([noise, energy], shower, name="generator_small" if small else "generator")
 
 
-def discriminator(small=False):
-    """The discriminator: shower -> [real/fake, energy, cell sum]."""
+def discriminator(small=False, log_cells=False):
+    """The discriminator: shower -> [real/fake, energy, cell sum].
+
+    With `log_cells=True` its convolutions see `LogCells` of the shower, so that
+    sparse low-energy cells count; the cell sum stays linear.
+    """
     shower = keras.Input((CELLS, CELLS, CELLS, 1), name="shower")
+    seen = LogCells()(shower) if log_cells else shower
     if small:
-        x = layers.Conv3D(8, 5, strides=2, padding="same")(shower)        # 13
+        x = layers.Conv3D(8, 5, strides=2, padding="same")(seen)          # 13
         x = layers.LeakyReLU(0.2)(x)
         x = layers.Conv3D(8, 3, strides=2, padding="same")(x)             # 7
         x = layers.LeakyReLU(0.2)(x)
@@ -82,7 +148,7 @@ def discriminator(small=False):
         x = layers.Dropout(0.2)(x)
         x = layers.AveragePooling3D(2)(x)                                  # 3
     else:
-        x = layers.Conv3D(32, 5, padding="same")(shower)
+        x = layers.Conv3D(32, 5, padding="same")(seen)
         x = layers.LeakyReLU(0.2)(x)
         x = layers.Dropout(0.2)(x)
         for padding in (2, 2, 1):

@@ -52,6 +52,10 @@ def parse(argv=None):
     parser.add_argument("--g-steps", type=int, default=2)
     parser.add_argument("--aux-weight", type=float, default=0.1,
                         help="weight of the energy and cell-sum regressions (published: 0.1)")
+    parser.add_argument("--coordinates", action="store_true",
+                        help="the generator's last convolutions also see each cell's position")
+    parser.add_argument("--log-cells", action="store_true",
+                        help="the discriminator sees log(1 + cell / one hit), not the energies")
     parser.add_argument("--small", action="store_true", help="the small model, for CPUs")
     parser.add_argument("--quick", action="store_true",
                         help="small model, 2 files of 256 showers, 4 epochs")
@@ -100,7 +104,10 @@ def build_gan(args):
     import kdist.gan
 
     keras.utils.set_random_seed(args.seed)
-    gan = kdist.gan.GAN(gan_model.generator(args.small), gan_model.discriminator(args.small),
+    log_cells = getattr(args, "log_cells", False)
+    generator = gan_model.generator(args.small, coordinates=getattr(args, "coordinates", False))
+    gan = kdist.gan.GAN(generator,
+                        gan_model.discriminator(args.small, log_cells=log_cells),
                         d_steps=args.d_steps, g_steps=args.g_steps, seed=args.seed)
     return gan
 
