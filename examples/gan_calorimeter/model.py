@@ -74,8 +74,9 @@ class LogCells(layers.Layer):
 
     On a linear scale a core cell outweighs a single-hit cell a thousand times,
     so the discriminator cannot see whether the halo around the core is
-    occupied. On this scale one hit (`unit`, in model units) reads 0.69 and the
-    hottest cells about 1.
+    occupied. On this scale one hit (`unit`, in model units: the simulator's
+    mean hit of 0.2 MeV times `CELL_SCALE`) reads log(2) / 7, about 0.1, and
+    the hottest cells, near 10, about 1.
     """
 
     def __init__(self, unit=0.01, **kwargs):
