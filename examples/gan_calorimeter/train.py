@@ -104,10 +104,9 @@ def build_gan(args):
     import kdist.gan
 
     keras.utils.set_random_seed(args.seed)
-    log_cells = getattr(args, "log_cells", False)
-    generator = gan_model.generator(args.small, coordinates=getattr(args, "coordinates", False))
-    gan = kdist.gan.GAN(generator,
-                        gan_model.discriminator(args.small, log_cells=log_cells),
+    generator = gan_model.generator(args.small, coordinates=args.coordinates)
+    discriminator = gan_model.discriminator(args.small, log_cells=args.log_cells)
+    gan = kdist.gan.GAN(generator, discriminator,
                         d_steps=args.d_steps, g_steps=args.g_steps, seed=args.seed)
     return gan
 
