@@ -15,6 +15,11 @@ logger = logging.getLogger(__name__)
 
 # In the unit cube: shorter would fit noise, longer would ignore an input.
 LENGTH_SCALE_BOUNDS = (5e-2, 2.0)
+# Log-normal prior of each length scale: median 0.3, a factor of 2 either side
+# for one standard deviation. Maximum likelihood alone, with a few dozen points
+# in six dimensions, sends length scales to their bounds; with this prior the
+# median regret on Hartmann-6 (30 trials, 40 seeds) fell from 0.126 to 0.010.
+LENGTH_SCALE_PRIOR = (np.log(0.3), 0.7)
 
 
 def expected_improvement(mean, std, best, xi=0.0):
@@ -44,6 +49,56 @@ def warp(scores):
         warnings.simplefilter("ignore")
         warped = PowerTransformer(method="yeo-johnson").fit_transform(scores[:, None])[:, 0]
     return warped if np.all(np.isfinite(warped)) else scores
+
+
+def standardised(losses):
+    """Warped losses with mean 0 and spread 1."""
+    losses = warp(losses)
+    return (losses - losses.mean()) / (losses.std() or 1.0)
+
+
+def _with_length_scale_prior(dimensions):
+    """scikit-learn's `optimizer` hook: L-BFGS-B on the log marginal likelihood
+    plus the log prior of the length scales (a maximum a posteriori fit)."""
+    centre, spread = LENGTH_SCALE_PRIOR
+    # theta is the kernel's log hyper-parameters: constant, length scales, noise.
+    scales = slice(1, 1 + dimensions)
+
+    def minimise(objective, theta, bounds):
+        def penalised(theta):
+            value, gradient = objective(theta, eval_gradient=True)
+            distance = theta[scales] - centre
+            gradient = np.array(gradient, dtype=float)
+            gradient[scales] += distance / spread ** 2
+            return value + np.sum(distance ** 2) / (2 * spread ** 2), gradient
+
+        found = optimize.minimize(penalised, theta, jac=True, method="L-BFGS-B", bounds=bounds)
+        return found.x, found.fun
+
+    return minimise
+
+
+def fit_process(inputs, targets, rng, restarts=3):
+    """A Gaussian process (scikit-learn) fitted to `targets` at points of the unit cube.
+
+    Matern 5/2 with one length scale per input, times a constant, plus a
+    small noise term; hyper-parameters by maximum a posteriori, with a
+    log-normal prior on the length scales, from `1 + restarts` starts.
+    """
+    from sklearn.gaussian_process import GaussianProcessRegressor
+    from sklearn.gaussian_process.kernels import ConstantKernel, Matern, WhiteKernel
+
+    kernel = (ConstantKernel(1.0, (1e-2, 1e2))
+              * Matern(np.full(inputs.shape[1], 0.5), LENGTH_SCALE_BOUNDS, nu=2.5)
+              + WhiteKernel(1e-4, (1e-8, 1e-1)))
+    model = GaussianProcessRegressor(kernel, normalize_y=False, n_restarts_optimizer=restarts,
+                                     optimizer=_with_length_scale_prior(inputs.shape[1]),
+                                     random_state=int(rng.integers(2 ** 31)))
+    with warnings.catch_warnings():
+        # Length scales at their bounds are expected with few points.
+        warnings.simplefilter("ignore")
+        model.fit(inputs, targets)
+    return model
 
 
 class BayesianOracle(storage.WholeSaves, kt.Oracle):
@@ -139,25 +194,6 @@ class BayesianOracle(storage.WholeSaves, kt.Oracle):
             sampler.fast_forward(index)
         return sampler.random(1)[0]
 
-    def _model(self, inputs, targets, rng):
-        from sklearn.gaussian_process import GaussianProcessRegressor
-        from sklearn.gaussian_process.kernels import ConstantKernel, Matern, WhiteKernel
-
-        kernel = (ConstantKernel(1.0, (1e-2, 1e2))
-                  * Matern(np.full(inputs.shape[1], 0.5), LENGTH_SCALE_BOUNDS, nu=2.5)
-                  + WhiteKernel(1e-4, (1e-8, 1e-1)))
-        # Targets are standardised and shifted so that the prior mean is the
-        # worst score seen: far from every trial the process then expects a bad
-        # result, not an average one, and expected improvement stops favouring
-        # the corners of the cube just because they are uncertain.
-        model = GaussianProcessRegressor(kernel, normalize_y=False, n_restarts_optimizer=3,
-                                         random_state=int(rng.integers(2 ** 31)))
-        with warnings.catch_warnings():
-            # Length scales at their bounds are expected with few points.
-            warnings.simplefilter("ignore")
-            model.fit(inputs, targets)
-        return model
-
     def _propose(self, encoding, finished, scores, pending, rng, context=(), incumbent=None):
         """The point of the cube that maximises expected improvement.
 
@@ -167,13 +203,16 @@ class BayesianOracle(storage.WholeSaves, kt.Oracle):
         to improve on (default: all).
         """
         context = np.asarray(context, dtype=float)
-        scores = warp(scores)
-        scores = (scores - scores.mean()) / (scores.std() or 1.0)
+        # Shifted so that the prior mean is the worst score seen: far from
+        # every trial the process then expects a bad result, not an average
+        # one, and expected improvement stops favouring the corners of the
+        # cube just because they are uncertain.
+        scores = standardised(scores)
         scores = scores - scores.max()
-        model = self._model(finished, scores, rng)
+        model = fit_process(finished, scores, rng)
         if len(pending):
             believed = model.predict(pending)
-            model = self._model(np.vstack([finished, pending]),
+            model = fit_process(np.vstack([finished, pending]),
                                 np.concatenate([scores, believed]), rng)
         among = np.arange(len(scores)) if incumbent is None else np.flatnonzero(incumbent)
         best = scores[among].min()
