@@ -107,7 +107,8 @@ class BayesianOracle(storage.WholeSaves, kt.Oracle):
     The first `num_initial_points` trials come from a scrambled Sobol
     sequence. After that each trial maximises expected improvement under a
     Gaussian process (scikit-learn; Matern 5/2 kernel with one length scale
-    per input, plus a noise term) fitted to the finished trials. Inputs are
+    per input, plus a noise term) fitted to the finished trials by maximum a
+    posteriori, with a log-normal prior on the length scales. Inputs are
     the unit cube of each hyper-parameter's own scale (log scales stay log,
     integers are rounded), unordered choices are one-hot; scores are
     standardised. Trials still running are added to the data at the
