@@ -186,8 +186,10 @@ class GeneticOracle(storage.WholeSaves, kt.Oracle):
         training every child passed for 3 seeds in 10, the best of 16 by
         expected improvement for 19 in 20.
         """
+        if len(brood) == 1:
+            return brood[0]
         known = self._ranked(list(self.trials))
-        if len(brood) == 1 or len(known) < 4:
+        if len(known) < 4:
             return brood[0]
         losses = bayesian.standardised([-individual.fitness.values[0] for individual in known])
         model = bayesian.fit_process(np.array([list(i) for i in known]), losses, rng, restarts=1)
