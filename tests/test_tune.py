@@ -182,6 +182,37 @@ def test_a_reloaded_oracle_does_not_run_its_last_finished_trial_again(kind, tmp_
     assert all(reloaded.trials[str(i)].status == "COMPLETED" for i in range(6))
 
 
+@pytest.mark.parametrize("kind", sorted(ORACLES))
+def test_a_trial_created_just_before_a_kill_runs_after_the_reload(kind, tmp_path, monkeypatch):
+    from kdist.tune import storage
+
+    oracle = ORACLES[kind](seed=3, trials=6)
+    oracle._set_project_dir(str(tmp_path), "extend")
+    oracle.verbose = 0
+    for _ in range(3):
+        _finish(oracle, oracle.create_trial("group0"))
+    # The new trial's file is written; the job dies before the oracle's is.
+    monkeypatch.setattr(oracle, "save", lambda: (_ for _ in ()).throw(SystemExit))
+    with pytest.raises(SystemExit):
+        oracle.create_trial("group0")
+    monkeypatch.undo()
+    written = json.loads((tmp_path / "extend" / "trial_3" / "trial.json").read_text())
+    assert written["status"] == "RUNNING"
+    reloaded = ORACLES[kind](seed=3, trials=6)
+    reloaded._set_project_dir(str(tmp_path), "extend")
+    reloaded.verbose = 0
+    reloaded.reload()
+    assert storage.requeue_orphans(reloaded) == []  # queued once, by the reload
+    handed = []
+    while True:
+        trial = reloaded.create_trial("group0")
+        if trial.status == "STOPPED":
+            break
+        handed.append(trial.trial_id)
+        _finish(reloaded, trial)
+    assert handed == ["3", "4", "5"]
+    assert {t.status for t in reloaded.trials.values()} == {"COMPLETED"}
+
 def test_state_files_are_written_whole_or_not_at_all(tmp_path, monkeypatch):
     from kdist.tune import storage
 

@@ -81,6 +81,7 @@ class WholeSaves(compat.SavesTrialsThrough):
         super().reload()
         order_trials(self)
         forget_finished_retries(self)
+        requeue_orphans(self)
 
 
 def forget_finished_retries(oracle):
@@ -99,6 +100,22 @@ def forget_finished_retries(oracle):
         if trial is not None and trial.status not in finished and trial_id not in queue:
             queue.append(trial_id)
     compat.set_retry_queue(oracle, queue)
+
+
+def requeue_orphans(oracle):
+    """Queues the reloaded trials that are still running but that no queue holds.
+
+    `create_trial` writes the new trial's file before the oracle's, so a kill
+    in between reloads a running trial that is neither ongoing nor queued.
+    Returns their ids, oldest first.
+    """
+    queued = set(compat.retry_queue(oracle))
+    ongoing = {trial.trial_id for trial in oracle.ongoing_trials.values()}
+    orphans = [trial_id for trial_id, trial in oracle.trials.items()
+               if trial.status == "RUNNING" and trial_id not in queued | ongoing]
+    # The queue hands out its last entry first: the oldest orphan runs first.
+    compat.set_retry_queue(oracle, list(reversed(orphans)) + compat.retry_queue(oracle))
+    return orphans
 
 
 def make_saves_whole(tuner):
