@@ -1,6 +1,7 @@
 """Budget-aware search on a real Keras task: epochs needed to reach a validation accuracy.
 
-    python benchmarks/hpo_budget.py [--seeds 3] [--max-epochs 27] [--factor 3]
+    python benchmarks/hpo_budget.py [--seeds 3] [--first-seed 1] [--max-epochs 27]
+                                    [--factor 3] [--threads 0]
                                     [--methods kdist_bohb,kt_hyperband,kt_random,
                                      optuna_hyperband]
 
@@ -15,12 +16,20 @@ Hyperband sets the budget: its total epochs E over one iteration with
 - `optuna_hyperband`: Optuna's TPE sampler with its Hyperband pruner
   (intermediate accuracy reported each epoch), stopped when E epochs are spent.
 
+Training is repeatable: each model's weights and batch order are seeded
+from its configuration and the run's seed, so two methods that try the same
+configuration for the same epochs get the same accuracy, and the methods
+differ only by what they choose to train.
+
 Each trial's score is its best epoch's validation accuracy. For each run the
 JSON gives the best accuracy, the epochs it took, and the epochs each method
 needed to reach keras-tuner Hyperband's best accuracy of the same seed
 (`epochs_to_hyperband_best`, null if never); the medians over seeds go in
-`summary`. Target: kdist BOHB reaches Hyperband's best in at most half of
-Hyperband's epochs, and BOHB and Hyperband both beat random search at E.
+`summary`, with each method's best accuracy after a quarter, half, three
+quarters and all of E. Target: kdist BOHB reaches Hyperband's best in at
+most half of Hyperband's epochs, and BOHB and Hyperband both beat random
+search at equal epochs. Runs over other seeds made side by side (each with
+`--first-seed`) are summarised as one with `--merge REPORT...`.
 """
 
 import argparse
@@ -31,6 +40,7 @@ import os
 import statistics
 import tempfile
 import time
+import zlib
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
@@ -49,9 +59,21 @@ def digits():
     return (images[train], data.target[train]), (images[valid], data.target[valid])
 
 
+RUN_SEED = [0]
+
+
+def seed_training(values):
+    """Seeds Keras from a configuration (not its `tuner/*` budget) and the run's seed."""
+    import keras
+
+    config = sorted((k, v) for k, v in values.items() if not k.startswith("tuner/"))
+    keras.utils.set_random_seed(zlib.crc32(repr((RUN_SEED[0], config)).encode()))
+
+
 def build(hp):
     import keras
 
+    seed_training(hp.values)
     model = keras.Sequential([
         keras.Input((8, 8, 1)),
         keras.layers.Conv2D(hp.Int("filters", 4, 64, step=4), 3, padding="same",
@@ -149,13 +171,92 @@ def epochs_to_reach(points, accuracy):
     return next((spent for spent, best in points if best >= accuracy), None)
 
 
+def best_at(points, epochs):
+    """The best accuracy a run had found once it had spent `epochs`."""
+    return max([best for spent, best in points if spent <= epochs], default=0.0)
+
+
+def summarise(runs, budget):
+    """Medians over seeds per method, the accuracy each had at a quarter, half,
+    three quarters and all of the budget, and the targets."""
+    checkpoints = [budget // 4, budget // 2, 3 * budget // 4, budget]
+    summary = {}
+    for method, method_runs in runs.items():
+        reached = [r["epochs_to_hyperband_best"] for r in method_runs]
+        summary[method] = {
+            "median_best_accuracy": statistics.median(r["best_accuracy"] for r in method_runs),
+            "median_best_at_epochs": {
+                str(epochs): statistics.median(best_at(r["trajectory"], epochs)
+                                               for r in method_runs)
+                for epochs in checkpoints},
+            "median_epochs": statistics.median(r["epochs"] for r in method_runs),
+            "reached_hyperband_best": sum(e is not None for e in reached),
+            "median_epochs_to_hyperband_best": (
+                statistics.median(e if e is not None else float("inf") for e in reached)),
+            "median_seconds": statistics.median(r["seconds"] for r in method_runs)}
+
+    def share(method):
+        entry = summary.get(method)
+        if entry is None or not np.isfinite(entry["median_epochs_to_hyperband_best"]):
+            return None
+        return entry["median_epochs_to_hyperband_best"] / budget
+
+    def beats_random(method):
+        """Higher median accuracy than random search at each checkpoint."""
+        if "kt_random" not in summary or method not in summary:
+            return None
+        ours, random = (summary[m]["median_best_at_epochs"] for m in (method, "kt_random"))
+        return {epochs: bool(ours[epochs] > random[epochs]) for epochs in ours}
+
+    targets = {
+        "bohb_reaches_hyperband_best_in_half_the_epochs": (
+            None if share("kdist_bohb") is None else bool(share("kdist_bohb") <= 0.5)),
+        "bohb_beats_random_at_epochs": beats_random("kdist_bohb"),
+        "hyperband_beats_random_at_epochs": beats_random("kt_hyperband"),
+    }
+    for entry in summary.values():
+        value = entry["median_epochs_to_hyperband_best"]
+        entry["median_epochs_to_hyperband_best"] = value if np.isfinite(value) else None
+    return summary, targets
+
+
+def merged(paths):
+    """One report from the reports of runs over other seeds (run side by side)."""
+    reports = []
+    for path in paths:
+        with open(path) as stream:
+            reports.append(json.load(stream))
+    settings = {(r["max_epochs"], r["factor"], r["budget_epochs"]) for r in reports}
+    if len(settings) != 1:
+        raise SystemExit(f"the reports differ in max_epochs, factor or budget: {settings}")
+    runs = {}
+    for report in reports:
+        for method, method_runs in report["runs"].items():
+            runs.setdefault(method, []).extend(method_runs)
+    seeds = sorted({run["seed"] for method_runs in runs.values() for run in method_runs})
+    return dict(reports[0], seeds=seeds, runs=runs)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=3)
+    # keras-tuner reads a seed of 0 as no seed, so its Hyperband would not repeat.
+    parser.add_argument("--first-seed", type=int, default=1)
+    parser.add_argument("--threads", type=int, default=0,
+                        help="TensorFlow's threads per operation (0: its default)")
     parser.add_argument("--max-epochs", type=int, default=27)
     parser.add_argument("--factor", type=int, default=3)
     parser.add_argument("--methods", default=",".join(METHODS))
+    parser.add_argument("--merge", nargs="+", metavar="REPORT",
+                        help="summarise these reports (runs over other seeds) as one; "
+                             "nothing is trained")
     args = parser.parse_args()
+    if args.merge:
+        report = merged(args.merge)
+        report["summary"], report["targets"] = summarise(report["runs"],
+                                                         report["budget_epochs"])
+        print(json.dumps(report, indent=1))
+        return
     methods = args.methods.split(",")
     for method in methods:
         if method not in METHODS:
@@ -163,12 +264,18 @@ def main():
     if "kt_hyperband" not in methods:
         methods.insert(0, "kt_hyperband")  # it sets the budget and the accuracy to reach
 
+    if args.threads:
+        import tensorflow as tf
+
+        tf.config.threading.set_intra_op_parallelism_threads(args.threads)
+        tf.config.threading.set_inter_op_parallelism_threads(args.threads)
     from kdist.tune.bohb import iteration_epochs
 
     budget = iteration_epochs(args.max_epochs, args.factor)
     data = digits()
     runs = {method: [] for method in methods}
-    for seed in range(args.seeds):
+    for seed in range(args.first_seed, args.first_seed + args.seeds):
+        RUN_SEED[0] = seed
         for method in methods:
             started = time.perf_counter()
             if method == "optuna_hyperband":
@@ -185,36 +292,9 @@ def main():
             run = runs[method][-1]
             run["epochs_to_hyperband_best"] = epochs_to_reach(run["trajectory"], reference)
 
-    summary = {}
-    for method in methods:
-        reached = [r["epochs_to_hyperband_best"] for r in runs[method]]
-        summary[method] = {
-            "median_best_accuracy": statistics.median(r["best_accuracy"] for r in runs[method]),
-            "median_epochs": statistics.median(r["epochs"] for r in runs[method]),
-            "reached_hyperband_best": sum(e is not None for e in reached),
-            "median_epochs_to_hyperband_best": (
-                statistics.median(e if e is not None else float("inf") for e in reached)),
-            "median_seconds": statistics.median(r["seconds"] for r in runs[method])}
-
-    def share(method):
-        entry = summary.get(method)
-        if entry is None or not np.isfinite(entry["median_epochs_to_hyperband_best"]):
-            return None
-        return entry["median_epochs_to_hyperband_best"] / budget
-
-    random_best = summary.get("kt_random", {}).get("median_best_accuracy")
-    targets = {
-        "bohb_reaches_hyperband_best_in_half_the_epochs": (
-            None if share("kdist_bohb") is None else bool(share("kdist_bohb") <= 0.5)),
-        "bohb_beats_random": None if random_best is None or "kdist_bohb" not in summary else (
-            bool(summary["kdist_bohb"]["median_best_accuracy"] > random_best)),
-        "hyperband_beats_random": None if random_best is None else (
-            bool(summary["kt_hyperband"]["median_best_accuracy"] > random_best)),
-    }
-    for entry in summary.values():
-        value = entry["median_epochs_to_hyperband_best"]
-        entry["median_epochs_to_hyperband_best"] = value if np.isfinite(value) else None
-    print(json.dumps({"benchmark": "hpo_budget", "seeds": args.seeds,
+    summary, targets = summarise(runs, budget)
+    seeds = list(range(args.first_seed, args.first_seed + args.seeds))
+    print(json.dumps({"benchmark": "hpo_budget", "seeds": seeds,
                       "max_epochs": args.max_epochs, "factor": args.factor,
                       "budget_epochs": budget, "summary": summary, "targets": targets,
                       "runs": runs}, indent=1))

@@ -220,6 +220,41 @@ def test_hpo_budget_benchmark_counts_epochs_against_hyperbands(tmp_path):
         assert best == sorted(best) and best[-1] == run["best_accuracy"]
     hyperband = result["runs"]["kt_hyperband"][0]
     assert hyperband["epochs_to_hyperband_best"] <= hyperband["epochs"]
+    assert result["seeds"] == [1]  # keras-tuner reads seed 0 as none
+    assert set(result["summary"]["kdist_bohb"]["median_best_at_epochs"]) == {"1", "3", "5", "7"}
+    assert set(result["targets"]["bohb_beats_random_at_epochs"]) == {"1", "3", "5", "7"}
+    # A report merged from runs side by side summarises them as one run would.
+    report = tmp_path / "seed1.json"
+    report.write_text(json.dumps(result))
+    merged = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "benchmarks", "hpo_budget.py"), "--merge",
+         str(report)], capture_output=True, text=True, timeout=60)
+    assert merged.returncode == 0, merged.stderr[-3000:]
+    merged = json.loads(merged.stdout)
+    assert merged["summary"] == result["summary"] and merged["targets"] == result["targets"]
+
+
+def test_hpo_budget_benchmark_trains_a_configuration_alike_in_every_method():
+    import importlib.util
+
+    import keras_tuner as kt
+
+    spec = importlib.util.spec_from_file_location(
+        "hpo_budget", os.path.join(ROOT, "benchmarks", "hpo_budget.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+
+    def weights(run_seed, **budget):
+        hp = kt.HyperParameters()
+        hp.values = dict({"filters": 8, "units": 16, "dropout": 0.1, "lr": 1e-3}, **budget)
+        module.RUN_SEED[0] = run_seed
+        return np.concatenate([w.ravel() for w in module.build(hp).get_weights()])
+
+    first = weights(1)
+    # The budget a tuner attaches does not change the model; the run's seed does.
+    np.testing.assert_array_equal(first, weights(1, **{"tuner/epochs": 3,
+                                                       "tuner/initial_epoch": 1}))
+    assert not np.array_equal(first, weights(2))
 
 
 def _load_hpo():

@@ -103,9 +103,16 @@ def test_a_search_spends_its_budget_and_promotes_by_the_asha_rule(tmp_path):
                  and t["tuner/round"] == parent["tuner/round"]]
         ranked = sorted(peers, key=_curve)
         assert parent in ranked[:len(ranked) // 3]
+    # A round promotes no more than a third of its trials, as in Hyperband, even
+    # when later trials displace promoted ones from its top third.
+    for key in {(t["tuner/bracket"], t["tuner/round"]) for t in trials}:
+        members = [t["id"] for t in trials if (t["tuner/bracket"], t["tuner/round"]) == key]
+        assert sum(parent in members for parent in parents) <= len(members) // 3
     # Every bracket starts configurations, the aggressive ones more.
     starts = [t["tuner/bracket"] for t in trials if t["tuner/round"] == 0]
     assert set(starts) == {0, 1, 2}
+    # In Hyperband's order: one iteration's 9 configurations at 1 epoch, 5 at 3, 3 at 9.
+    assert starts[:17] == [2] * 9 + [1] * 5 + [0] * 3
     assert starts.count(2) > starts.count(1) > starts.count(0)
     # A configuration is never started twice.
     fresh = [(t["x"], t["y"]) for t in trials if t["tuner/round"] == 0]
@@ -148,11 +155,25 @@ def test_the_model_finds_better_configurations_than_random_ones(tmp_path):
     assert regrets[0.0] < 0.25 * regrets[1.0], regrets
 
 
-def test_the_model_aims_at_the_largest_budget_with_two_results():
-    target = kdist.tune.BOHBOracle._target_budget
-    assert target(np.array([1, 1, 3, 3, 3, 9])) == 3
-    assert target(np.array([1, 1, 3, 9, 9])) == 9
-    assert target(np.array([1])) == 1
+def test_the_model_is_asked_about_the_full_budget_whatever_the_new_trial_starts_at(
+        tmp_path, monkeypatch):
+    oracle = _oracle(tmp_path, budget=60, seed=0, random_fraction=0.0, min_points=3)
+    asked = []
+    propose = oracle._propose
+
+    def spying(encoding, finished, scores, pending, rng, context=(), incumbent=None):
+        asked.append((list(context), finished[:, -1].copy(), np.asarray(incumbent).copy()))
+        return propose(encoding, finished, scores, pending, rng, context, incumbent)
+
+    monkeypatch.setattr(oracle, "_propose", spying)
+    trials = _run_to_the_end(oracle)
+    # Configurations started at 1, 3 and 9 epochs, most of them proposed.
+    assert {t["tuner/epochs"] for t in trials if t["tuner/round"] == 0} == {1, 3, 9}
+    assert len(asked) >= 6
+    for context, fidelity, incumbent in asked:
+        assert context == [1.0]  # log(9) / log(max_epochs = 9)
+        # The results it must beat are those at the largest budget reached so far.
+        assert incumbent.any() and np.all(fidelity[incumbent] == fidelity.max())
 
 
 def test_state_round_trips_and_a_reloaded_search_goes_on_with_what_is_left(tmp_path):
@@ -207,7 +228,9 @@ def test_the_bohb_tuner_trains_promoted_trials_on_from_their_parents(tmp_path):
         return model
 
     tuner = kdist.tune.BOHB(build, objective="val_loss", max_epochs=4, factor=2, budget=24,
-                            seed=0, directory=str(tmp_path), project_name="bohb")
+                            seed=0, min_points=2, xi=0.05, candidates=100,
+                            directory=str(tmp_path), project_name="bohb")
+    assert (tuner.oracle.min_points, tuner.oracle.xi, tuner.oracle.candidates) == (2, 0.05, 100)
     with contextlib.redirect_stdout(io.StringIO()):
         tuner.search(x, y, validation_data=(x, y), batch_size=16, verbose=0,
                      callbacks=[Count()])

@@ -11,13 +11,15 @@ Two things differ from keras-tuner's Hyperband:
 
 - **Promotions are asynchronous (ASHA).** A request promotes a finished
   trial as soon as it ranks in the best `1 / factor` of the trials finished
-  at its budget in its bracket; when none does, the request starts a new
-  configuration. Nothing waits for a round to fill, so a group of ranks is
-  never handed `IDLE` while budget is left.
+  at its budget in its bracket (a round never promotes more than that share
+  in all); when none does, the request starts a new configuration, in
+  Hyperband's order of brackets. Nothing waits for a round to fill, so a
+  group of ranks is never handed `IDLE` while budget is left.
 - **New configurations come from a model (BOHB).** Once enough trials have
   finished, kdist's Gaussian process (as in `BayesianOracle`) is fitted to
-  every result with the budget as one more input, and proposes by expected
-  improvement at the largest budget where trials have finished. A poor
+  every result with the budget as one more input, and proposes the
+  configuration whose fully trained result (at `max_epochs`) it expects to
+  improve most on the best result at the largest budget reached. A poor
   region seen at one epoch is thus known when proposing for many. A share
   `random_fraction` of new configurations stays random, so the search
   cannot lock onto a poor model.
@@ -177,7 +179,11 @@ class BOHBOracle(ComparesValues, BayesianOracle):
 
         In each bracket and round, a finished trial is promotable when it is
         among the best `len(finished) // factor` there and was not promoted
-        before: ASHA's rule, which needs no round to be complete.
+        before: ASHA's rule, which needs no round to be complete. A round
+        promotes no more than that many in all, as Hyperband's would: ASHA
+        alone promotes again whenever a newcomer displaces a promoted trial
+        from the top, and spends on one round the epochs that Hyperband
+        gives to the next bracket.
         """
         promoted = {t.hyperparameters.values.get("tuner/trial_id") for t in self.trials.values()}
         best = None
@@ -187,8 +193,10 @@ class BOHBOracle(ComparesValues, BayesianOracle):
             if self.epochs(bracket, round_ + 1) - self.epochs(bracket, round_) > left:
                 continue
             finished = self._ranked([t for t in trials if t.status == _COMPLETED])
-            waiting = [t for t in finished[:len(finished) // self.factor]
-                       if t.trial_id not in promoted]
+            share = len(finished) // self.factor
+            if sum(t.trial_id in promoted for t in trials) >= share:
+                continue
+            waiting = [t for t in finished[:share] if t.trial_id not in promoted]
             if waiting:
                 key = (self.epochs(bracket, round_ + 1), -self._loss(waiting[0]))
                 if best is None or key > best[0]:
@@ -214,8 +222,13 @@ class BOHBOracle(ComparesValues, BayesianOracle):
         return rounds
 
     def _next_bracket(self, rounds, left):
-        """The bracket furthest behind its share of new configurations in a
-        Hyperband iteration (most aggressive first), among those that fit."""
+        """The most aggressive bracket that has not started all its new
+        configurations of the current Hyperband iteration, among those that fit.
+
+        Brackets go in Hyperband's order rather than side by side: the first
+        fully trained models are then the best of the most configurations,
+        and the model has their results before the costly brackets start.
+        """
         started = {b: 0 for b in range(self.brackets)}
         for (bracket, round_), trials in rounds.items():
             if round_ == 0 and bracket in started:
@@ -224,7 +237,7 @@ class BOHBOracle(ComparesValues, BayesianOracle):
         if not fitting:
             return None
         return min(fitting, key=lambda b: (
-            started[b] / round_size(self.max_epochs, self.factor, b, 0), -b))
+            started[b] // round_size(self.max_epochs, self.factor, b, 0), -b))
 
     def _loss(self, trial):
         return trial.score if self.objective.direction == "min" else -trial.score
@@ -242,21 +255,16 @@ class BOHBOracle(ComparesValues, BayesianOracle):
         inputs, scores, pending, budgets = self._observations(encoding)
         if len(scores) < least or rng.uniform() < self.random_fraction:
             return self._unique(encoding, self._sobol(encoding, trial_id), rng)
-        target = self._target_budget(budgets)
+        # What counts is the result of a full training: the model is asked about
+        # max_epochs, however few epochs the new trial starts with.
         vector = self._propose(encoding, inputs, scores, pending, rng,
-                               context=[self._fidelity(target)], incumbent=budgets == target)
+                               context=[self._fidelity(self.max_epochs)],
+                               incumbent=budgets == budgets.max())
         return self._unique(encoding, vector, rng)
 
     def _fidelity(self, epochs):
         """A budget as the model's extra input: log-epochs scaled to [0, 1]."""
         return math.log(epochs) / math.log(self.max_epochs) if self.max_epochs > 1 else 1.0
-
-    @staticmethod
-    def _target_budget(budgets):
-        """The largest budget at which at least two trials finished (one if none has two):
-        where the model looks for improvement."""
-        levels, counts = np.unique(budgets, return_counts=True)
-        return levels[counts >= 2].max() if np.any(counts >= 2) else levels.max()
 
     def _observations(self, encoding):
         """Every result at every budget, the budget as one more input: a poor
@@ -300,9 +308,10 @@ class BOHB(kt.Hyperband):
     `initial_epoch`); only the oracle differs.
 
     `objective`, `max_epochs`, `factor`, `budget`, `hyperband_iterations`,
-    `seed`, `random_fraction`, `hyperparameters`, `tune_new_entries`,
-    `allow_new_entries`, `max_retries_per_trial` and
-    `max_consecutive_failed_trials` are as for `BOHBOracle`.
+    `seed`, `random_fraction`, `min_points`, `xi`, `candidates`,
+    `hyperparameters`, `tune_new_entries`, `allow_new_entries`,
+    `max_retries_per_trial` and `max_consecutive_failed_trials` are as for
+    `BOHBOracle`.
 
     Args:
         hypermodel: a `keras_tuner.HyperModel` or a function `hp -> model`.
@@ -324,12 +333,14 @@ class BOHB(kt.Hyperband):
     """
 
     def __init__(self, hypermodel=None, objective=None, max_epochs=100, factor=3, budget=None,
-                 hyperband_iterations=1, seed=None, random_fraction=1 / 3, hyperparameters=None,
-                 tune_new_entries=True, allow_new_entries=True, max_retries_per_trial=0,
+                 hyperband_iterations=1, seed=None, random_fraction=1 / 3, min_points=None,
+                 xi=0.01, candidates=2000, hyperparameters=None, tune_new_entries=True,
+                 allow_new_entries=True, max_retries_per_trial=0,
                  max_consecutive_failed_trials=3, **kwargs):
         oracle = BOHBOracle(objective, max_epochs=max_epochs, factor=factor, budget=budget,
                             hyperband_iterations=hyperband_iterations, seed=seed,
-                            random_fraction=random_fraction, hyperparameters=hyperparameters,
+                            random_fraction=random_fraction, min_points=min_points, xi=xi,
+                            candidates=candidates, hyperparameters=hyperparameters,
                             tune_new_entries=tune_new_entries, allow_new_entries=allow_new_entries,
                             max_retries_per_trial=max_retries_per_trial,
                             max_consecutive_failed_trials=max_consecutive_failed_trials)
