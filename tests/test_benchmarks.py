@@ -235,14 +235,9 @@ def test_hpo_budget_benchmark_counts_epochs_against_hyperbands(tmp_path):
 
 
 def test_hpo_budget_benchmark_trains_a_configuration_alike_in_every_method():
-    import importlib.util
-
     import keras_tuner as kt
 
-    spec = importlib.util.spec_from_file_location(
-        "hpo_budget", os.path.join(ROOT, "benchmarks", "hpo_budget.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = _load_benchmark("hpo_budget")
 
     def weights(run_seed, **budget):
         hp = kt.HyperParameters()
@@ -257,11 +252,12 @@ def test_hpo_budget_benchmark_trains_a_configuration_alike_in_every_method():
     assert not np.array_equal(first, weights(2))
 
 
-def _load_hpo():
+def _load_benchmark(name):
+    """A script of benchmarks/ as a module, to test its pieces without running it."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("hpo", os.path.join(ROOT, "benchmarks",
-                                                                      "hpo.py"))
+    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "benchmarks",
+                                                                     f"{name}.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -270,7 +266,7 @@ def _load_hpo():
 def test_hpo_test_functions_take_their_known_minima():
     import math
 
-    hpo = _load_hpo()
+    hpo = _load_benchmark("hpo")
     for point in ((-math.pi, 12.275), (math.pi, 2.275), (9.42478, 2.475)):
         assert hpo.branin(point) == pytest.approx(0.397887, abs=1e-5)
     best = (0.20169, 0.150011, 0.476874, 0.275332, 0.311652, 0.6573)

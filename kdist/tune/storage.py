@@ -109,12 +109,12 @@ def requeue_orphans(oracle):
     in between reloads a running trial that is neither ongoing nor queued.
     Returns their ids, oldest first.
     """
-    queued = set(compat.retry_queue(oracle))
-    ongoing = {trial.trial_id for trial in oracle.ongoing_trials.values()}
+    queue = compat.retry_queue(oracle)
+    held = set(queue) | {trial.trial_id for trial in oracle.ongoing_trials.values()}
     orphans = [trial_id for trial_id, trial in oracle.trials.items()
-               if trial.status == "RUNNING" and trial_id not in queued | ongoing]
+               if trial.status == "RUNNING" and trial_id not in held]
     # The queue hands out its last entry first: the oldest orphan runs first.
-    compat.set_retry_queue(oracle, list(reversed(orphans)) + compat.retry_queue(oracle))
+    compat.set_retry_queue(oracle, list(reversed(orphans)) + queue)
     return orphans
 
 
