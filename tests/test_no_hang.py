@@ -23,8 +23,35 @@ def test_a_stopped_rank_ends_the_job_within_the_collective_timeout(mpirun, case)
 
 
 def test_a_long_wait_is_reported_with_the_missing_rank_and_the_job_goes_on(mpirun):
+    # The deadlock timeout passes too, but the missing rank is running: no deadlock.
     job = mpirun("stall.py", n=2, args=["pause"], timeout=150,
-                 env={"KDIST_STALL_WARNING": "2", "PAUSE_SECONDS": "7"})
+                 env={"KDIST_STALL_WARNING": "2", "PAUSE_SECONDS": "7",
+                      "KDIST_DEADLOCK_TIMEOUT": "2"})
     assert job.rank(0)["waited"] > 5
     assert "stall: 'allreduce (sum) of 1000 float64 values (after the pause)" in job.output
     assert "rank 1 is running, not in a kdist collective" in job.output, job.output[-3000:]
+
+
+def test_ranks_waiting_in_different_collectives_end_the_job_as_a_deadlock(mpirun):
+    # No KDIST_COLLECTIVE_TIMEOUT: the deadlock timeout is on by default (here shortened).
+    started = time.monotonic()
+    job = mpirun("stall.py", n=2, args=["deadlock"], check=False, timeout=120,
+                 env={"KDIST_DEADLOCK_TIMEOUT": "4"})
+    elapsed = time.monotonic() - started
+    assert job.returncode != 0 and job.results == {}
+    assert elapsed < 60, f"the job took {elapsed:.0f} s to end"
+    assert "a deadlock (KDIST_DEADLOCK_TIMEOUT=4)" in job.output, job.output[-3000:]
+    assert "rank 1 is waiting in 'allreduce (sum) of 3 float64 values (on the pair)'" \
+        in job.output
+
+
+def test_a_rank_whose_script_ends_makes_the_waiting_rank_fail_at_once(mpirun):
+    # Rank 1 ends its script; rank 0 then starts a collective. (The C++ engine's side:
+    # test_agreement's rank that stops its fit alone.)
+    job = mpirun("stall.py", n=2, args=["leave"], check=False, timeout=120)
+    assert job.returncode != 0
+    error = job.rank(0)["error"]
+    assert job.rank(0)["waited"] < 5, "the waiting rank fails at once"
+    assert "rank 1: leaving the job: its script ended" in error, error
+    assert "Usually a rank left a loop early" in error
+    assert "[kdist rank 0] aborting the job" in job.output

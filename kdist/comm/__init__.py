@@ -15,16 +15,27 @@ from kdist.comm.collectives import (
     alltoall,
     barrier,
     broadcast,
+    broadcast_,
     broadcast_global_variables,
     broadcast_object,
+    broadcast_object_fn,
     broadcast_variables,
+    grouped_allgather,
     grouped_allreduce,
+    grouped_reducescatter,
     reducescatter,
 )
 from kdist.comm.communicator import Adasum, Average, Communicator, Max, Min, Product, Sum
 from kdist.comm.compression import Compression
 from kdist.comm.fusion import plan_buckets
 from kdist.comm.joining import join
+from kdist.comm.process_ops import (
+    local_rank_op,
+    local_size_op,
+    process_set_included_op,
+    rank_op,
+    size_op,
+)
 from kdist.comm.process_sets import (
     ProcessSet,
     add_process_set,
@@ -57,10 +68,12 @@ from kdist.comm.watchdog import abort
 __all__ = [
     "Adasum", "Average", "CollectiveMismatch", "Communicator", "Compression", "Max", "Min",
     "Product", "ProcessSet", "Sum", "abort", "add_process_set", "allgather", "allgather_object",
-    "allreduce", "alltoall", "barrier", "broadcast", "broadcast_global_variables",
-    "broadcast_object", "broadcast_variables", "cross", "cross_rank", "cross_size",
-    "global_process_set", "grouped_allreduce", "init", "is_initialized", "join", "launched_by_mpi",
-    "local", "local_rank", "local_size", "mpi_built", "mpi_enabled", "mpi_threads_supported",
-    "plan_buckets", "rank", "reducescatter", "remove_process_set", "shutdown", "size",
+    "allreduce", "alltoall", "barrier", "broadcast", "broadcast_", "broadcast_global_variables",
+    "broadcast_object", "broadcast_object_fn", "broadcast_variables", "cross", "cross_rank", "cross_size",
+    "global_process_set", "grouped_allgather", "grouped_allreduce", "grouped_reducescatter",
+    "init", "is_initialized", "join", "launched_by_mpi", "local", "local_rank", "local_rank_op",
+    "local_size", "local_size_op", "mpi_built", "mpi_enabled", "mpi_threads_supported",
+    "plan_buckets", "process_set_included_op", "rank", "rank_op", "reducescatter",
+    "remove_process_set", "shutdown", "size", "size_op",
     "start_timeline", "stop_timeline", "TensorReducer", "world",
 ]

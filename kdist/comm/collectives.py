@@ -82,6 +82,9 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="", compressi
                                 name or "")
     tf = _tf()
     if isinstance(tensor, tf.IndexedSlices):
+        if prescale_factor != 1.0 or postscale_factor != 1.0:
+            raise ValueError("Sparse (IndexedSlices) values cannot be prescaled or "
+                             "postscaled; scale them first, or convert them to dense tensors.")
         return _allreduce_sparse(tensor, op, comm)
     from kdist.comm import differentiable
 
@@ -95,9 +98,13 @@ def _numpy_allreduce(array, op, comm, prescale, postscale, label):
     if out.dtype.kind not in "fiub" and out.dtype.name != "bfloat16":
         raise TypeError(f"allreduce supports numeric arrays; got dtype {out.dtype}.")
     scaled = prescale != 1.0 or postscale != 1.0
-    if (op == Average or scaled) and out.dtype.kind != "f":
-        raise TypeError(f"Averaging or scaling needs floating values; got {out.dtype}. "
-                        "Use op=kdist.Sum, or convert to float first.")
+    if scaled and out.dtype.kind != "f":
+        raise TypeError(f"Scaling needs floating values; got {out.dtype}. Convert to float "
+                        "first.")
+    if op == Average and out.dtype.kind != "f" and out.dtype.name != "bfloat16":
+        # Integers: summed, then divided with truncation toward zero, as Horovod does.
+        summed = comm.allreduce_many([out], op=Sum, average=False, label=label)[0]
+        return np.trunc(summed / comm.size).astype(out.dtype).reshape(out.shape)
     if op in (Average, Sum):
         return comm.allreduce_many([out], op=Sum, average=op == Average, prescale=prescale,
                                    postscale=postscale, label=label)[0].reshape(out.shape)
@@ -144,10 +151,21 @@ def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="",
     tf = _tf()
     from kdist.comm import differentiable
 
-    return differentiable.grouped_allreduce([tf.convert_to_tensor(t) for t in tensors], op,
-                                            comm, prescale_factor, postscale_factor,
-                                            _compression(compression),
-                                            label=name or "grouped_allreduce")
+    sparse = [i for i, t in enumerate(tensors) if isinstance(t, tf.IndexedSlices)]
+    if sparse and (prescale_factor != 1.0 or postscale_factor != 1.0):
+        raise ValueError("Sparse (IndexedSlices) values cannot be prescaled or postscaled; "
+                         "scale them before the reduction, or convert them to dense tensors.")
+    dense = [i for i in range(len(tensors)) if i not in set(sparse)]
+    results = [None] * len(tensors)
+    for i in sparse:
+        results[i] = _allreduce_sparse(tensors[i], op, comm)
+    if dense:
+        reduced = differentiable.grouped_allreduce(
+            [tf.convert_to_tensor(tensors[i]) for i in dense], op, comm, prescale_factor,
+            postscale_factor, _compression(compression), label=name or "grouped_allreduce")
+        for i, r in zip(dense, reduced):
+            results[i] = r
+    return results
 
 
 def _numpy_grouped(arrays, op, comm, prescale, postscale, label):
@@ -188,6 +206,19 @@ def allgather(tensor, name=None, process_set=None, ignore_name_scope=False, comm
 
     return differentiable.allgather(_tf().convert_to_tensor(tensor), comm,
                                     label=name or "allgather")
+
+
+def grouped_allgather(tensors, name=None, process_set=None, ignore_name_scope=False,
+                      comm=None):
+    """`allgather` of each value of a list; returns the gathered values in order.
+
+    Example:
+
+        >>> import numpy as np, kdist
+        >>> [a.shape for a in kdist.grouped_allgather([np.ones((2, 3)), np.zeros(1)])]
+        [(4, 3), (2,)]
+    """
+    return [allgather(t, name=name, process_set=process_set, comm=comm) for t in tensors]
 
 
 def alltoall(tensor, splits=None, name=None, process_set=None, ignore_name_scope=False,
@@ -254,10 +285,55 @@ def reducescatter(tensor, device_dense="", compression=None, op=Average, name=No
                                         _compression(compression), label=name or "reducescatter")
 
 
+def grouped_reducescatter(tensors, device_dense="", compression=None, op=Average, name=None,
+                          process_set=None, ignore_name_scope=False, prescale_factor=1.0,
+                          postscale_factor=1.0, comm=None):
+    """`reducescatter` of each value of a list, reduced in one fused collective per dtype.
+
+    Example:
+
+        On 2 ranks:
+
+        >>> import numpy as np, kdist
+        >>> blocks = kdist.grouped_reducescatter([np.arange(4.0), np.ones((2, 3))], op=kdist.Sum)
+        >>> [b.shape for b in blocks]
+        [(2,), (1, 3)]
+    """
+    op = reduce_op(op)
+    comm = resolve_comm(comm, process_set)
+    tensors = list(tensors)
+    for t in tensors:
+        if np.ndim(t) == 0:
+            raise ValueError("reducescatter needs tensors of at least one dimension; got a "
+                             "scalar.")
+    if not any(_is_tensor(t) for t in tensors):
+        reduced = grouped_allreduce(tensors, op=op, prescale_factor=prescale_factor,
+                                    postscale_factor=postscale_factor, comm=comm,
+                                    name=name or "grouped_reducescatter")
+        return [r[slice(*block(r.shape[0], comm.rank, comm.size))] for r in reduced]
+    tf = _tf()
+    from kdist.comm import differentiable
+
+    return differentiable.grouped_reducescatter(
+        [tf.convert_to_tensor(t) for t in tensors], op, comm, prescale_factor,
+        postscale_factor, _compression(compression), label=name or "grouped_reducescatter")
+
+
 def broadcast_object(obj, root_rank=0, name=None, process_set=None, comm=None):
     """Returns `root_rank`'s picklable object on every rank."""
     comm = resolve_comm(comm, process_set)
     return comm.bcast_object(obj, root=_root(root_rank, comm))
+
+
+def broadcast_object_fn(root_rank=0, session=None, name=None, process_set=None, comm=None):
+    """Horovod's factory: a function of one object that returns `root_rank`'s object.
+
+    `session` (TensorFlow 1) is accepted and ignored.
+    """
+    def broadcast_one(obj):
+        return broadcast_object(obj, root_rank=root_rank, process_set=process_set, comm=comm)
+
+    return broadcast_one
 
 
 def allgather_object(obj, name=None, process_set=None, comm=None):
@@ -290,6 +366,11 @@ def broadcast_variables(variables, root_rank=0, process_set=None, comm=None):
     comm = resolve_comm(comm, process_set)
     root_rank = _root(root_rank, comm)
     variables = list(variables)
+    import sys
+
+    tf = sys.modules.get("tensorflow")
+    if tf is not None and not tf.executing_eagerly():
+        return _broadcast_variables_in_graph(variables, root_rank, comm)
     if comm.size == 1:
         return
     signature = [(variable_name(v), tuple(v.shape), np.dtype(_numpy_dtype(v)).str)
@@ -311,6 +392,51 @@ def broadcast_variables(variables, root_rank=0, process_set=None, comm=None):
             n = int(np.prod(v.shape))
             v.assign(flat[offset:offset + n].reshape(tuple(v.shape)))
             offset += n
+
+
+def _broadcast_variables_in_graph(variables, root_rank, comm):
+    """`broadcast_variables` inside a `tf.function` (or an XLA program): one
+    broadcast per dtype of every variable's value, then assignments.
+
+    Shapes and dtypes are checked by the collective's own header (a rank whose
+    variables hold another number of values fails on every rank); names are
+    checked only eagerly. Returns the group of assignments.
+    """
+    tf = _tf()
+    from kdist.comm import graph_ops
+
+    groups = {}
+    for v in variables:
+        groups.setdefault(v.dtype, []).append(v)
+    assignments = []
+    for dtype, group in groups.items():
+        flat = tf.concat([tf.reshape(tf.convert_to_tensor(v), [-1]) for v in group], axis=0)
+        flat = graph_ops.broadcast(flat, comm, root=root_rank, label="broadcast_variables")
+        sizes = [int(np.prod(v.shape)) for v in group]
+        for v, value in zip(group, tf.split(flat, sizes)):
+            assignments.append(v.assign(tf.reshape(value, v.shape)))
+    return tf.group(*[a for a in assignments if tf.is_tensor(a) or isinstance(a, tf.Operation)])
+
+
+def broadcast_(variables, root_rank=0, name=None, process_set=None, comm=None):
+    """Horovod's in-place broadcast: sets each variable to `root_rank`'s value and
+    returns the new values (as tensors), eagerly or inside `tf.function`.
+
+    Example:
+
+        On 2 ranks:
+
+        >>> import tensorflow as tf, kdist
+        >>> v = tf.Variable([float(kdist.rank())])
+        >>> [t.numpy().tolist() for t in kdist.broadcast_([v], root_rank=1)]
+        [[1.0]]
+    """
+    variables = list(variables)
+    done = broadcast_variables(variables, root_rank=root_rank, process_set=process_set,
+                               comm=comm)
+    tf = _tf()
+    with tf.control_dependencies([done] if done is not None else []):
+        return [tf.identity(tf.convert_to_tensor(v)) for v in variables]
 
 
 def broadcast_global_variables(root_rank=0):

@@ -135,7 +135,8 @@ class Communicator:
             return
         with self.lock:
             self._announce(protocol.BARRIER)
-            with watchdog.waiting("barrier"), timeline.span("barrier", "barrier"):
+            with watchdog.waiting("barrier", watchdog.MOVING), \
+                    timeline.span("barrier", "barrier"):
                 self._comm.Barrier()
 
     def allreduce_(self, array, op=Sum, label=""):
@@ -165,7 +166,8 @@ class Communicator:
         with self.lock:
             self._announce(protocol.ALLREDUCE, dtype, op, flat.size, label=label)
             what = protocol.describe(protocol.ALLREDUCE, dtype, op, flat.size, label=label)
-            with watchdog.waiting(what), timeline.span("allreduce", what, flat.nbytes):
+            with watchdog.waiting(what, watchdog.MOVING), \
+                    timeline.span("allreduce", what, flat.nbytes):
                 self._comm.Allreduce(_mpi().IN_PLACE,
                                      [flat, protocol.mpi_datatype(flat.dtype)],
                                      op=protocol.mpi_op(flat.dtype, op))
@@ -240,7 +242,7 @@ class Communicator:
         dtype = protocol.dtype_code(flat.dtype)
         with self.lock:
             self._announce(protocol.BROADCAST, dtype, 0, flat.size, root, label)
-            with watchdog.waiting(f"broadcast from rank {root}"), \
+            with watchdog.waiting(f"broadcast from rank {root}", watchdog.MOVING), \
                     timeline.span("broadcast", label, flat.nbytes):
                 self._comm.Bcast([flat, protocol.mpi_datatype(flat.dtype)], root=root)
         return array
@@ -256,7 +258,7 @@ class Communicator:
         dtype = protocol.dtype_code(array.dtype)
         with self.lock:
             self._announce(protocol.ALLGATHER, dtype, 0, row_elements, label=label)
-            with watchdog.waiting("allgather"), \
+            with watchdog.waiting("allgather", watchdog.MOVING), \
                     timeline.span("allgather", label, array.nbytes):
                 counts = np.empty(self.size, dtype=np.int64)
                 self._comm.Allgather(np.array([array.shape[0]], dtype=np.int64), counts)
@@ -280,7 +282,8 @@ class Communicator:
         dtype = protocol.dtype_code(array.dtype)
         with self.lock:
             self._announce(protocol.ALLTOALL, dtype, 0, row_elements, label=label)
-            with watchdog.waiting("alltoall"), timeline.span("alltoall", label, array.nbytes):
+            with watchdog.waiting("alltoall", watchdog.MOVING), \
+                    timeline.span("alltoall", label, array.nbytes):
                 received = np.empty(self.size, dtype=np.int64)
                 self._comm.Alltoall(splits, received)
                 out = np.empty((int(received.sum()),) + array.shape[1:], dtype=array.dtype)
@@ -295,7 +298,7 @@ class Communicator:
             return [obj]
         with self.lock:
             self._announce(protocol.OBJECT_ALLGATHER)
-            with watchdog.waiting("allgather_object"), \
+            with watchdog.waiting("allgather_object", watchdog.MOVING), \
                     timeline.span("allgather_object", type(obj).__name__):
                 return self._comm.allgather(obj)
 
@@ -305,7 +308,7 @@ class Communicator:
             return obj
         with self.lock:
             self._announce(protocol.OBJECT_BROADCAST, root=root)
-            with watchdog.waiting(f"broadcast_object from rank {root}"), \
+            with watchdog.waiting(f"broadcast_object from rank {root}", watchdog.MOVING), \
                     timeline.span("broadcast_object", type(obj).__name__):
                 return self._comm.bcast(obj, root=root)
 

@@ -34,9 +34,21 @@ def _reduce(tensors, op, comm, prescale, postscale, compression, label, key=None
             return compression.reduce(tensors, comm, op == Average, prescale, postscale,
                                       label, key)
         if op == Average:
-            raise TypeError("Averaging needs floating tensors; got "
-                            f"{sorted({t.dtype.name for t in tensors})}. Use op=kdist.Sum or "
-                            "cast first.")
+            # Floating tensors are averaged by the reduction; integers are summed
+            # and then divided, as Horovod averages them.
+            results = [None] * len(tensors)
+            floats = [i for i, t in enumerate(tensors) if t.dtype.is_floating]
+            integers = [i for i, t in enumerate(tensors) if not t.dtype.is_floating]
+            if floats:
+                averaged = compression.reduce([tensors[i] for i in floats], comm, True,
+                                              prescale, postscale, label, key)
+                for i, r in zip(floats, averaged):
+                    results[i] = r
+            summed = _reduce([tensors[i] for i in integers], Sum, comm, prescale, postscale,
+                             compression, label)
+            for i, r in zip(integers, summed):
+                results[i] = average_integers(tensors[i], r, comm)
+            return results
     results = [None] * len(tensors)
     groups = {}
     for index, t in enumerate(tensors):
@@ -47,6 +59,15 @@ def _reduce(tensors, op, comm, prescale, postscale, compression, label, key=None
         for i, r in zip(indices, reduced):
             results[i] = r
     return results
+
+
+def average_integers(tensor, summed, comm):
+    """`summed / size` for an integer `tensor`, truncated toward zero, as Horovod averages."""
+    if tensor.dtype.is_floating:
+        return summed
+    quotient = tf.cast(summed, tf.float64) / float(comm.size)
+    return tf.cast(tf.where(quotient < 0, tf.math.ceil(quotient), tf.math.floor(quotient)),
+                   tensor.dtype)
 
 
 def _gradient_op(op):
@@ -171,6 +192,28 @@ def reducescatter(tensor, op, comm, prescale, postscale, compression, label):
         return scatter(x), gradient
 
     return scattered(tensor)
+
+
+def grouped_reducescatter(tensors, op, comm, prescale, postscale, compression, label):
+    """`reducescatter` of each tensor, reduced in one fused collective per dtype."""
+    def scatter(*xs):
+        return [_own_block(r, comm) for r in
+                _reduce(list(xs), op, comm, prescale, postscale, compression, label)]
+
+    if not all(t.dtype.is_floating for t in tensors):
+        return scatter(*tensors)
+
+    @tf.custom_gradient
+    def scattered(*xs):
+        def gradient(*upstream):
+            factor = prescale * postscale * (comm.size if op == Sum else 1)
+            return [graph_ops.allgather(u * tf.cast(factor, u.dtype) if factor != 1 else u,
+                                        comm, label=f"gradient of {label}")
+                    for u in upstream]
+
+        return scatter(*xs), gradient
+
+    return scattered(*tensors)
 
 
 def copy_to_group(tensor, comm, label="tensor-parallel input"):

@@ -54,6 +54,12 @@ def join_and_tell(comm=None):
                                        active=False)
             if header is None:
                 break
+            if int(header[1]) == protocol.LEAVE:
+                # Ranks ended their scripts instead of joining: nothing will end this wait.
+                notes = raw.allgather("kdist.join (this rank has run out of data)")
+                from kdist.comm import leaving
+
+                raise leaving.fail_join(comm.rank, notes)
             _take_part(comm, header)
             mirrored += 1
     everyone = comm.allgather_object(mirrored)
@@ -70,7 +76,7 @@ def _take_part(comm, header):
     raw = comm.mpi
     _, kind, dtype_code, op, count, root = (int(v) for v in header)
     what = protocol.describe(kind, dtype_code, op, count, root)
-    with watchdog.waiting(f"kdist.join, taking part in {what}"):
+    with watchdog.waiting(f"kdist.join, taking part in {what}", watchdog.MOVING):
         if kind == protocol.ALLREDUCE:
             dtype = protocol.numpy_dtype(dtype_code)
             values = protocol.neutral(dtype, op, count)

@@ -1,12 +1,15 @@
 """Ranks asking each other what they are doing, for the watchdog's reports.
 
 Each rank's monitor thread keeps a receive posted on a communicator of its
-own and answers questions with one line of text ("is waiting in 'allreduce
-...' (62 s)"). A rank that asks and hears nothing back within a few seconds
-reports the silent ranks as stopped or dead: a process stopped by a signal or
-killed cannot answer, while one that computes or waits still does.
+own and answers questions with a small JSON value (the watchdog sends what
+this rank is doing: running, waiting for other ranks, moving a collective's
+data, or leaving the job, with the wait's name and length). A rank that asks
+and hears nothing back within a few seconds reports the silent ranks as
+stopped or dead: a process stopped by a signal or killed cannot answer, while
+one that computes or waits still does.
 """
 
+import json
 import time
 
 import numpy as np
@@ -54,7 +57,7 @@ class PeerStatus:
         return self.comm.Irecv(self._question, source=_mpi().ANY_SOURCE, tag=_QUERY_TAG)
 
     def answer(self, text):
-        """Answers every question that has arrived with `text`."""
+        """Answers every question that has arrived with `text` (any JSON value)."""
         MPI = _mpi()
         status = MPI.Status()
         try:
@@ -96,7 +99,12 @@ class PeerStatus:
 
     def _send(self, peer, tag, text):
         buffer = np.zeros(_REPLY_BYTES, dtype=np.uint8)
-        data = text.encode()[:_REPLY_BYTES - 1]
+        data = json.dumps(text).encode()
+        if len(data) >= _REPLY_BYTES and isinstance(text, dict) and "what" in text:
+            # A long description: shorten it, keep the answer whole.
+            text = dict(text, what=str(text["what"])[:_REPLY_BYTES // 2])
+            data = json.dumps(text).encode()
+        data = data[:_REPLY_BYTES - 1]
         buffer[:len(data)] = np.frombuffer(data, dtype=np.uint8)
         self._sends.append((self.comm.Isend(buffer, dest=peer, tag=tag), buffer))
 
@@ -130,7 +138,7 @@ class PeerStatus:
                     continue
                 try:
                     if request.Test():
-                        answers[peer] = buffer.tobytes().rstrip(b"\0").decode(errors="replace")
+                        answers[peer] = _decode(buffer)
                 except MPI.Exception:
                     answers[peer] = None
             time.sleep(0.02)
@@ -144,3 +152,11 @@ class PeerStatus:
         if self._incoming is not None:
             _cancel(self._incoming)
         self._incoming = None
+
+
+def _decode(buffer):
+    text = buffer.tobytes().rstrip(b"\0").decode(errors="replace")
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text

@@ -136,6 +136,14 @@ def remove_process_set(process_set):
     return True
 
 
+def registered(process_set_id):
+    """The registered process set with this id (0 is the global set), or None."""
+    if process_set_id == 0:
+        return global_process_set
+    with _lock:
+        return _registered.get(process_set_id)
+
+
 def communicator_of(process_set):
     """The `Communicator` a collective on `process_set` runs on, on this rank."""
     if process_set is global_process_set or isinstance(process_set, _GlobalProcessSet):

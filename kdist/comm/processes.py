@@ -178,6 +178,10 @@ def init(comm=None, process_sets=None):
     _configure_logging()
     if world.size > 1:
         watchdog.start_monitor(world, _state.watch)
+    if mpi_comm is not None and world.size > 1:
+        from kdist.comm import leaving
+
+        leaving.install()
     from kdist.comm import devices
 
     # The ranks this one replaces configured themselves long ago; they do not

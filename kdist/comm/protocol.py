@@ -22,7 +22,11 @@ that run inside TensorFlow graphs and XLA programs. The payload of each kind:
 - BROADCAST: `MPI_Bcast` of `count` elements from `root`;
 - BARRIER: `MPI_Barrier`;
 - OBJECT_ALLGATHER, OBJECT_BROADCAST: mpi4py's pickled `allgather` / `bcast`;
-- ALLTOALL: `MPI_Alltoall` of row counts (int64), then `MPI_Alltoallv` of bytes.
+- ALLTOALL: `MPI_Alltoall` of row counts (int64), then `MPI_Alltoallv` of bytes;
+- LEAVE: announced by each rank of a world of several as its process ends
+  (`kdist.comm.leaving`), then mpi4py's pickled `allgather` of each rank's
+  note. A rank still waiting in a collective sees the headers differ and
+  fails at once with `CollectiveMismatch`, naming the rank that left and why.
 """
 
 import functools
@@ -41,6 +45,7 @@ BARRIER = 4
 OBJECT_ALLGATHER = 5
 OBJECT_BROADCAST = 6
 ALLTOALL = 7
+LEAVE = 8
 
 SUM = 1
 MIN = 2
@@ -55,7 +60,8 @@ DTYPE_CODES = {
 _DTYPE_NAMES = {code: name for name, code in DTYPE_CODES.items()}
 _KIND_NAMES = {ALLREDUCE: "allreduce", ALLGATHER: "allgather", BROADCAST: "broadcast",
                BARRIER: "barrier", OBJECT_ALLGATHER: "allgather_object",
-               OBJECT_BROADCAST: "broadcast_object", ALLTOALL: "alltoall"}
+               OBJECT_BROADCAST: "broadcast_object", ALLTOALL: "alltoall",
+               LEAVE: "leaving the job"}
 _INACTIVE = np.iinfo(np.int64).min
 
 
@@ -101,14 +107,15 @@ def describe(kind, dtype=0, op=0, count=0, root=0, label=""):
     return text + (f" ({label})" if label else "")
 
 
-def wait(request, what):
+def wait(request, what, state=None):
     """Completes an MPI request without holding a core through a long wait.
 
     Peers usually arrive within microseconds, so it tests in a loop first;
     after a millisecond it sleeps between tests, with a growing pause, so a
     rank that waits for a slow peer leaves the core to processes that compute.
+    `state` is what the watchdog reports of this wait (`watchdog.WAITING` by default).
     """
-    with watchdog.waiting(what):
+    with watchdog.waiting(what, state or watchdog.WAITING):
         start = time.monotonic()
         pause = 20e-6
         while not request.Test():
@@ -117,7 +124,7 @@ def wait(request, what):
                 pause = min(pause * 2, 1e-3)
 
 
-def announce(raw, kind, dtype=0, op=0, count=0, root=0, what="", active=True):
+def announce(raw, kind, dtype=0, op=0, count=0, root=0, what="", active=True, state=None):
     """Exchanges the header of the next collective on `raw` (an mpi4py communicator).
 
     Returns the active ranks' header, or None when no rank is active (every
@@ -131,7 +138,7 @@ def announce(raw, kind, dtype=0, op=0, count=0, root=0, what="", active=True):
         send[HEADER_SIZE:] = -header
     received = np.empty_like(send)
     request = raw.Iallreduce(send, received, op=_mpi().MAX)
-    wait(request, what or describe(kind, dtype, op, count, root))
+    wait(request, what or describe(kind, dtype, op, count, root), state)
     if received[0] != 1:
         return None
     maxima, minima = received[1:HEADER_SIZE], received[HEADER_SIZE + 1:]
@@ -140,8 +147,33 @@ def announce(raw, kind, dtype=0, op=0, count=0, root=0, what="", active=True):
     return received[:HEADER_SIZE]
 
 
+# How this rank's last `fit` ended, when kdist's callbacks said so (see set_note).
+_note = ""
+
+
+def set_note(text):
+    """Records one line on what this rank last did (\"its fit stopped after epoch 4 of
+    10: EarlyStopping set stop_training\"), shown beside its collective when ranks
+    disagree and when it leaves the job."""
+    global _note
+    _note = str(text or "")
+
+
+def note():
+    return _note
+
+
+ADVICE = ("Every rank must run the same collectives in the same order. Usually a rank left "
+          "a loop early (a callback stopped its fit on that rank alone, or it ran out of "
+          "data: see kdist.join) or ended its script; otherwise build the same model on "
+          "every rank, give tensors the same shapes and dtypes, and use the same step "
+          "pattern on all ranks.")
+
+
 def mismatch(raw, what):
     """Gathers every rank's description of its collective; returns the error to raise."""
+    if _note and _note not in what:
+        what = f"{what} [{_note}]"
     mine = what.encode()
     lengths = np.empty(raw.Get_size(), dtype=np.int64)
     raw.Allgather(np.array([len(mine)], dtype=np.int64), lengths)
@@ -154,9 +186,7 @@ def mismatch(raw, what):
              f"{raw.Get_rank()}):"]
     for rank, (start, length) in enumerate(zip(offsets, lengths)):
         lines.append(f"  rank {rank}: {everything[start:start + length].tobytes().decode()}")
-    lines.append("Every rank must run the same collectives in the same order: build the same "
-                 "model on every rank, give tensors the same shapes and dtypes, and use the "
-                 "same step pattern on all ranks.")
+    lines.append(ADVICE)
     return CollectiveMismatch("\n".join(lines))
 
 

@@ -1,16 +1,27 @@
 """Failure handling: one rank's failure ends the whole job, with its reason.
 
 MPI jobs hang when one rank stops taking part in collectives while the others
-wait for it. kdist prevents that three ways:
+wait for it. kdist prevents that four ways:
 
 - an exception that escapes on any rank aborts the job, naming the rank;
 - every wait of kdist's (collectives in Python and in C++, parameter-server
   messages) is visible to a monitor thread. After `KDIST_STALL_WARNING`
   seconds (default 60; 0 turns it off) it asks the other ranks what they are
   doing and warns, naming the ranks that have not arrived;
-- with `KDIST_COLLECTIVE_TIMEOUT` seconds set, a wait that lasts longer ends
+- a deadlock ends the job: once a wait for other ranks has lasted
+  `KDIST_DEADLOCK_TIMEOUT` seconds (default 300; 0 turns it off), the monitor
+  asks the others, and if none of them is running (each waits in a kdist wait
+  of its own that has lasted a while too, or leaves the job, or does not
+  answer: stopped, hung outside Python, or dead), twice in a row, nothing can
+  end the wait and the job ends with the report. A rank that computes, or
+  waits for something outside kdist, keeps the job alive however long it
+  takes, and so do ranks moving a collective's data (a slow payload);
+- with `KDIST_COLLECTIVE_TIMEOUT` seconds set, any wait that lasts longer ends
   the job with the same report: which ranks are waiting where, and which do
-  not answer at all (stopped, or dead).
+  not answer at all.
+
+A rank that waits at exit for the others to end (`kdist.comm.leaving`) is
+exempt from both timeouts: ranks may end at different times.
 
 The monitor asks on its own duplicate of the world communicator, so its
 messages never meet the job's.
@@ -27,8 +38,13 @@ import traceback
 
 logger = logging.getLogger(__name__)
 
+# What a wait is, as the monitor reports it to other ranks.
+WAITING = "waiting"  # for other ranks to arrive (a collective's header, a message)
+MOVING = "moving"  # a collective's data, every rank having arrived
+LEAVING = "leaving"  # at exit, for the other ranks to end too
+
 _installed = False
-_waits = {}  # thread id -> (description, since)
+_waits = {}  # thread id -> (description, since, state)
 _waits_lock = threading.Lock()
 _monitor = None
 
@@ -84,12 +100,16 @@ def install_failure_handlers():
 
 
 @contextlib.contextmanager
-def waiting(what):
-    """Marks this thread as waiting for `what` (a collective or a message) meanwhile."""
+def waiting(what, state=WAITING):
+    """Marks this thread as waiting for `what` (a collective or a message) meanwhile.
+
+    `state`: `WAITING` for other ranks to arrive, `MOVING` a collective's data
+    once they all have, `LEAVING` the job at exit.
+    """
     key = threading.get_ident()
     with _waits_lock:
         previous = _waits.get(key)
-        _waits[key] = (what, time.monotonic())
+        _waits[key] = (what, time.monotonic(), state)
     try:
         yield
     finally:
@@ -102,14 +122,22 @@ def waiting(what):
 
 def current_wait():
     """`(description, seconds)` of this process's longest wait, or None."""
+    wait = current_wait_state()
+    return None if wait is None else wait[:2]
+
+
+def current_wait_state():
+    """`(description, seconds, state)` of this process's longest wait, or None."""
     now = time.monotonic()
     with _waits_lock:
-        waits = [(what, now - since) for what, since in _waits.values()]
+        waits = [(what, now - since, state) for what, since, state in _waits.values()]
     from kdist.comm import native
 
     native_wait = native.current_wait()
     if native_wait is not None:
-        waits.append(native_wait)
+        what, seconds = native_wait
+        # The C++ engine names a payload's wait "..., moving data".
+        waits.append((what, seconds, MOVING if what.endswith(", moving data") else WAITING))
     return max(waits, key=lambda item: item[1]) if waits else None
 
 
@@ -130,15 +158,19 @@ def start_monitor(world, watch_comm):
         return _monitor
     timeout = _seconds("KDIST_COLLECTIVE_TIMEOUT", 0.0)
     stall = _seconds("KDIST_STALL_WARNING", 60.0)
-    if timeout == 0 and stall == 0:
+    deadlock = _seconds("KDIST_DEADLOCK_TIMEOUT", DEFAULT_DEADLOCK_TIMEOUT)
+    if timeout == 0 and stall == 0 and deadlock == 0:
         return None
     from kdist.comm.peers import PeerStatus
 
     peers = PeerStatus(watch_comm, world.rank) if watch_comm is not None else None
-    _monitor = _Monitor(peers, timeout, stall)
+    _monitor = _Monitor(peers, timeout, stall, deadlock)
     _monitor.start()
     atexit.register(stop_monitor)
     return _monitor
+
+
+DEFAULT_DEADLOCK_TIMEOUT = 300.0
 
 
 def stop_monitor():
@@ -151,15 +183,20 @@ def stop_monitor():
 class _Monitor(threading.Thread):
     """Watches this process's waits; warns about stalls and ends stuck jobs."""
 
-    def __init__(self, peers, timeout, stall_warning):
+    def __init__(self, peers, timeout, stall_warning, deadlock=0.0):
         super().__init__(name="kdist-watchdog", daemon=True)
         self.peers = peers
         self.timeout = timeout
         self.stall_warning = stall_warning
-        limits = [t for t in (timeout, stall_warning) if t > 0]
+        self.deadlock = deadlock if peers is not None else 0.0
+        limits = [t for t in (timeout, stall_warning, self.deadlock) if t > 0]
         self.tick = max(0.05, min([1.0] + [t / 4 for t in limits]))
+        # Another rank's wait counts as stuck once it has lasted this long.
+        self.settle = min(self.deadlock, 30.0)
         self._halt = threading.Event()
         self._warned = {}
+        self._suspect = None  # the wait that looked deadlocked at the last check
+        self._next_check = 0.0
 
     def stop(self):
         self._halt.set()
@@ -171,39 +208,91 @@ class _Monitor(threading.Thread):
         while not self._halt.wait(self.tick):
             if self.peers is not None:
                 self.peers.answer(self._status())
-            wait = current_wait()
-            if wait is None:
+            wait = current_wait_state()
+            if wait is None or wait[2] == LEAVING:
+                # Ranks may end at different times: waiting for them at exit is no stall.
                 self._warned.clear()
+                self._suspect = None
                 continue
-            what, seconds = wait
+            what, seconds, state = wait
             if self.timeout and seconds > self.timeout:
                 report = self._ask()
                 abort(f"'{what}' has waited {seconds:.0f} s for the other ranks "
                       f"(KDIST_COLLECTIVE_TIMEOUT={self.timeout:g}). {report}")
+            if self.deadlock and seconds > self.deadlock and state == WAITING:
+                self._check_deadlock(what, seconds)
+            else:
+                self._suspect = None
             if self.stall_warning and seconds > self.stall_warning:
                 due = self._warned.get(what, 0.0) + self.stall_warning
                 if seconds >= due:
                     self._warned[what] = seconds
                     logger.warning("stall: '%s' has waited %.0f s for the other ranks. %s "
-                                   "(KDIST_STALL_WARNING=%g; set KDIST_COLLECTIVE_TIMEOUT to "
-                                   "end such a job)", what, seconds, self._ask(),
-                                   self.stall_warning)
+                                   "(KDIST_STALL_WARNING=%g; KDIST_DEADLOCK_TIMEOUT=%g ends "
+                                   "the job once no rank can end the wait)", what, seconds,
+                                   self._ask(), self.stall_warning, self.deadlock)
+
+    def _check_deadlock(self, what, seconds):
+        """Ends the job when no other rank can end this wait, seen twice in a row."""
+        now = time.monotonic()
+        if now < self._next_check:
+            return
+        answers = self.peers.ask(self._status)
+        if not all(_stuck(answer, self.settle) for answer in answers.values()):
+            self._suspect = None
+            self._next_check = now + max(self.tick, min(self.deadlock / 2, 30.0))
+            return
+        if self._suspect != what:
+            # Once more a moment later: a rank between two quick collectives is no deadlock.
+            self._suspect = what
+            self._next_check = now + max(self.tick, min(self.settle / 2, 10.0))
+            return
+        abort(f"'{what}' has waited {seconds:.0f} s for the other ranks, and none of them "
+              f"can end the wait: a deadlock (KDIST_DEADLOCK_TIMEOUT={self.deadlock:g}). "
+              f"{_describe(answers)}")
 
     def _status(self):
-        wait = current_wait()
+        wait = current_wait_state()
         if wait is None:
-            return "is running, not in a kdist collective"
-        return f"is waiting in '{wait[0]}' ({wait[1]:.0f} s)"
+            return {"state": "running"}
+        return {"state": wait[2], "what": wait[0], "seconds": round(wait[1], 1)}
 
     def _ask(self):
         if self.peers is None:
             return ("The other ranks could not be asked (MPI does not allow calls from "
                     "several threads here).")
-        answers = self.peers.ask(self._status)
-        silent = [rank for rank, text in answers.items() if text is None]
-        parts = [f"rank {rank} {text}" for rank, text in sorted(answers.items())
-                 if text is not None]
-        if silent:
-            parts.append(f"rank(s) {silent} do not answer (stopped, hung outside Python, or "
-                         "dead)")
-        return "Other ranks: " + "; ".join(parts) + "." if parts else ""
+        return _describe(self.peers.ask(self._status))
+
+
+def _stuck(answer, settle):
+    """Whether another rank's answer says it cannot end a wait: no answer at all, or a
+    wait for others (or at exit) that has lasted `settle` seconds."""
+    if answer is None:
+        return True
+    if not isinstance(answer, dict):
+        return False
+    return answer.get("state") in (WAITING, LEAVING) and answer.get("seconds", 0) >= settle
+
+
+def _words(answer):
+    if not isinstance(answer, dict):
+        return str(answer)
+    state = answer.get("state")
+    if state == "running":
+        return "is running, not in a kdist collective"
+    seconds = answer.get("seconds", 0)
+    if state == LEAVING:
+        return f"is leaving the job ({answer.get('what', '')}) ({seconds:.0f} s)"
+    if state == MOVING:
+        return f"is moving the data of '{answer.get('what', '')}' ({seconds:.0f} s)"
+    return f"is waiting in '{answer.get('what', '')}' ({seconds:.0f} s)"
+
+
+def _describe(answers):
+    silent = [rank for rank, answer in answers.items() if answer is None]
+    parts = [f"rank {rank} {_words(answer)}" for rank, answer in sorted(answers.items())
+             if answer is not None]
+    if silent:
+        parts.append(f"rank(s) {silent} do not answer (stopped, hung outside Python, or "
+                     "dead)")
+    return "Other ranks: " + "; ".join(parts) + "." if parts else ""

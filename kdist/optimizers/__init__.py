@@ -7,9 +7,11 @@ from kdist.optimizers.distributed import (
     PartialDistributedOptimizer,
 )
 from kdist.optimizers.lars import LARS
+from kdist.optimizers.tape import DistributedGradientTape, PartialDistributedGradientTape
 from kdist.optimizers.loading import load_model
 
 __all__ = [
-    "AllreduceOptimizer", "DistributedOptimizer", "LARS", "LocalGradientAggregator",
-    "PartialDistributedOptimizer", "load_model",
+    "AllreduceOptimizer", "DistributedGradientTape", "DistributedOptimizer", "LARS",
+    "LocalGradientAggregator", "PartialDistributedGradientTape", "PartialDistributedOptimizer",
+    "load_model",
 ]

@@ -20,15 +20,14 @@ import keras
 import numpy as np
 from keras import ops
 
-from kdist import Adasum, _args
+from kdist import _args
 from kdist.comm import collectives
-from kdist.comm import compression as compression_lib
 from kdist.comm import fusion
-from kdist.comm import processes
-from kdist.comm import tensors
 from kdist.distribute import consistency
 from kdist.comm.processes import Average, Sum
+from kdist.optimizers import reduction as reduction_lib
 from kdist.optimizers.aggregation import LocalGradientAggregator
+from kdist.optimizers.reduction import is_variable as _is_variable, variable_path as _path
 
 logger = logging.getLogger(__name__)
 
@@ -91,35 +90,24 @@ class AllreduceOptimizer(keras.optimizers.Optimizer):
                              "wrap the plain optimizer once.")
         if kwargs:
             raise TypeError(f"Unexpected arguments: {sorted(kwargs)}.")
-        op = _check_op(op)
         backward_passes_per_step = _args.whole_number(
             backward_passes_per_step, "backward_passes_per_step", minimum=1)
-        gradient_predivide_factor = _args.positive_number(
-            gradient_predivide_factor, "gradient_predivide_factor")
-        if gradient_predivide_factor != 1.0 and op != Average:
-            raise ValueError("gradient_predivide_factor splits an average before and after the "
-                             f"sum; it needs op=kdist.Average, not op={op!r}.")
-        num_groups, groups = _check_groups(groups, num_groups)
-        bucket_bytes = _args.whole_number(bucket_bytes, "bucket_bytes", minimum=1)
-        super().__init__(learning_rate=0.0, name=name or f"distributed_{optimizer.name}")
-        self.op = op
+        name = name or f"distributed_{optimizer.name}"
+        # Plain Python state outside Keras's tracking: Keras scans an optimizer's
+        # list and tuple attributes for variables and would adopt the model's as its own.
+        reduction = reduction_lib.GradientReduction(
+            comm, compression, op, bucket_bytes=bucket_bytes, num_groups=num_groups,
+            groups=groups, gradient_predivide_factor=gradient_predivide_factor,
+            sparse_as_dense=sparse_as_dense, scale_local_gradients=scale_local_gradients,
+            name=name)
+        super().__init__(learning_rate=0.0, name=name)
+        self._gradient_reduction = reduction
         self.backward_passes_per_step = backward_passes_per_step
-        self.gradient_predivide_factor = gradient_predivide_factor
-        self.num_groups = num_groups
-        self.bucket_bytes = bucket_bytes
-        # Plain Python state in a namespace: Keras scans an optimizer's list and
-        # tuple attributes for variables and would adopt the model's as its own.
-        self._state = types.SimpleNamespace(groups=groups, local_sources=[], handoff=None,
-                                            norms=None)
+        self._state = types.SimpleNamespace(handoff=None, norms=None)
         self.inner_optimizer = optimizer
-        self.compression = compression_lib.get(compression)
         self.average_aggregated_gradients = bool(average_aggregated_gradients)
-        self.sparse_as_dense = bool(sparse_as_dense)
-        self.scale_local_gradients = bool(scale_local_gradients)
         for source in _as_list(local_variables):
             self.register_local_var(source)
-        self._comm = comm
-        self._reducers = {}
         self._upstream = False
         self.loss_scale_agreed = False
         self._agg_helper = None
@@ -145,14 +133,40 @@ class AllreduceOptimizer(keras.optimizers.Optimizer):
         finally:
             self._upstream = False
 
+    def __getattr__(self, name):
+        # Reached only when the wrapper has no such attribute: the wrapped
+        # optimizer's hyper-parameters (`momentum`, `beta_1`, `nesterov`) read
+        # as they would on the optimizer itself. Private names stay private.
+        inner = self.__dict__.get("inner_optimizer")
+        if name.startswith("_") or inner is None:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        try:
+            return getattr(inner, name)
+        except AttributeError:
+            raise AttributeError(
+                f"{type(self).__name__!r} object has no attribute {name!r}, nor has the "
+                f"{type(inner).__name__} it wraps") from None
+
     @property
     def comm(self):
-        return self._comm if self._comm is not None else processes.world()
+        return self._gradient_reduction.comm
+
+    # The reduction's settings, read-only: they are fixed when the optimizer is made.
+    op = property(lambda self: self._gradient_reduction.op)
+    compression = property(lambda self: self._gradient_reduction.compression)
+    bucket_bytes = property(lambda self: self._gradient_reduction.bucket_bytes)
+    num_groups = property(lambda self: self._gradient_reduction.num_groups)
+    gradient_predivide_factor = property(
+        lambda self: self._gradient_reduction.gradient_predivide_factor)
+    sparse_as_dense = property(lambda self: self._gradient_reduction.sparse_as_dense)
+    scale_local_gradients = property(lambda self: self._gradient_reduction.scale_local_gradients)
+    # The bucket plans made so far, per fusion grouping.
+    _reducers = property(lambda self: self._gradient_reduction.reducers)
 
     @property
     def groups(self):
         """The explicit fusion groups (lists of variables or paths), or None."""
-        return self._state.groups
+        return self._gradient_reduction.groups
 
     # -- variables ---------------------------------------------------------------------------
 
@@ -243,18 +257,10 @@ class AllreduceOptimizer(keras.optimizers.Optimizer):
         if not (isinstance(var, (str, keras.layers.Layer)) or _is_variable(var)):
             raise TypeError("register_local_var takes a variable, a layer or a variable path; "
                             f"got {type(var).__name__}.")
-        self._state.local_sources.append(var)
+        self._gradient_reduction.register_local(var)
 
     def _local_keys(self):
-        ids, paths = set(), set()
-        for source in self._state.local_sources:
-            if isinstance(source, str):
-                paths.add(source)
-            elif isinstance(source, keras.layers.Layer):
-                ids.update(id(w) for w in source.trainable_weights)
-            else:
-                ids.add(id(source))
-        return ids, paths
+        return self._gradient_reduction.local_keys()
 
     # -- Horovod's protocol -------------------------------------------------------------------
 
@@ -455,68 +461,7 @@ class AllreduceOptimizer(keras.optimizers.Optimizer):
         return self._reduce(grads, variables)
 
     def _reduce(self, grads, variables):
-        import tensorflow as tf
-
-        grads = list(grads)
-        size = self.comm.size
-        if size == 1:
-            return grads
-        ids, paths = self._local_keys()
-        local = [variables is not None and (id(v) in ids or _path(v) in paths)
-                 for v in (variables or [None] * len(grads))]
-        reduced = list(grads)
-        dense = [None] * len(grads)
-        for i, grad in enumerate(grads):
-            if grad is None or local[i]:
-                continue
-            if isinstance(grad, tf.IndexedSlices) and not self.sparse_as_dense:
-                reduced[i] = self._reduce_slices(grad)
-            else:
-                dense[i] = grad
-        if any(g is not None for g in dense):
-            results = self._reducer_for(self._group_positions(variables))(dense)
-            for i, result in enumerate(results):
-                if dense[i] is not None:
-                    reduced[i] = result
-        if self.scale_local_gradients:
-            for i, grad in enumerate(grads):
-                if grad is not None and local[i]:
-                    reduced[i] = _divide(grad, size)
-        return reduced
-
-    def _reduce_slices(self, grad):
-        """A sparse gradient's reduction: every rank's rows, gathered (and averaged)."""
-        import tensorflow as tf
-
-        values = collectives.allgather(grad.values, comm=self.comm, name=f"{self.name}_values")
-        indices = collectives.allgather(grad.indices, comm=self.comm,
-                                        name=f"{self.name}_indices")
-        if self.op == Average:
-            values = values / self.comm.size
-        return tf.IndexedSlices(values, indices, dense_shape=grad.dense_shape)
-
-    def _group_positions(self, variables):
-        if self.groups is None or variables is None:
-            return None
-        positions = []
-        for group in self.groups:
-            ids = {id(m) for m in group if not isinstance(m, str)}
-            paths = {m for m in group if isinstance(m, str)}
-            members = [i for i, v in enumerate(variables) if id(v) in ids or _path(v) in paths]
-            if members:
-                positions.append(tuple(members))
-        return tuple(positions)
-
-    def _reducer_for(self, groups):
-        reducer = self._reducers.get(groups)
-        if reducer is None:
-            average = self.op == Average
-            reducer = self._reducers[groups] = tensors.TensorReducer(
-                self._comm, self.compression, average=average, bucket_bytes=self.bucket_bytes,
-                num_groups=self.num_groups, name=self.name, groups=groups,
-                prescale_factor=1.0 / self.gradient_predivide_factor,
-                postscale_factor=self.gradient_predivide_factor)
-        return reducer
+        return self._gradient_reduction(grads, variables)
 
     # -- serialisation ------------------------------------------------------------------------
 
@@ -534,7 +479,8 @@ class AllreduceOptimizer(keras.optimizers.Optimizer):
             "sparse_as_dense": self.sparse_as_dense,
             "groups": None if self.groups is None else [
                 [m if isinstance(m, str) else _path(m) for m in group] for group in self.groups],
-            "local_variables": sorted(_local_paths(self._state.local_sources)),
+            "local_variables": sorted(
+                reduction_lib.local_paths(self._gradient_reduction.local_sources)),
             "scale_local_gradients": self.scale_local_gradients,
         }
 
@@ -565,66 +511,9 @@ def _check_keras3_optimizer(optimizer):
         f"got {kind.__name__}. Use one of keras.optimizers, e.g. keras.optimizers.Adam(...).")
 
 
-def _check_op(op):
-    if op is None or op == Average:
-        return Average
-    if op == Sum:
-        return Sum
-    if op == Adasum:
-        raise ValueError("Adasum is not available in kdist. Use op=kdist.Average (the default) "
-                         "to average gradients, or op=kdist.Sum to add them.")
-    raise ValueError(f"DistributedOptimizer reduces gradients with op=kdist.Average or "
-                     f"op=kdist.Sum; got op={op!r}.")
 
 
-def _check_groups(groups, num_groups):
-    """(num_groups, explicit groups) from Horovod's `groups` and `num_groups`."""
-    num_groups = _args.whole_number(num_groups or 0, "num_groups", minimum=0)
-    if groups is None:
-        return num_groups, None
-    if not isinstance(groups, (list, tuple)):
-        count = _args.whole_number(groups, "groups", minimum=1)
-        return count, None
-    explicit, seen = [], set()
-    for group in groups:
-        if not isinstance(group, (list, tuple)):
-            raise TypeError("groups must be a number of groups or a list of lists of variables; "
-                            f"got a {type(group).__name__} inside the list.")
-        members = []
-        for member in group:
-            if not (isinstance(member, str) or _is_variable(member)):
-                raise TypeError("Each group lists variables (or variable paths); got "
-                                f"{type(member).__name__}.")
-            key = member if isinstance(member, str) else _path(member)
-            if key in seen:
-                raise ValueError(f"Variable '{key}' is in more than one group; each gradient "
-                                 "travels in one collective only.")
-            seen.add(key)
-            members.append(member)
-        explicit.append(members)
-    return num_groups, explicit
 
-
-def _is_variable(value):
-    import tensorflow as tf
-
-    return isinstance(value, (keras.Variable, tf.Variable))
-
-
-def _path(variable):
-    return getattr(variable, "path", None) or getattr(variable, "name", None)
-
-
-def _local_paths(sources):
-    paths = set()
-    for source in sources:
-        if isinstance(source, str):
-            paths.add(source)
-        elif isinstance(source, keras.layers.Layer):
-            paths.update(_path(w) for w in source.trainable_weights)
-        else:
-            paths.add(_path(source))
-    return paths
 
 
 def _as_list(value):
@@ -648,13 +537,6 @@ def _squared_norm(grads):
         total += tf.reduce_sum(tf.square(tf.cast(grad, tf.float32)))
     return total
 
-
-def _divide(grad, size):
-    import tensorflow as tf
-
-    if isinstance(grad, tf.IndexedSlices):
-        return tf.IndexedSlices(grad.values / size, grad.indices, grad.dense_shape)
-    return grad / size
 
 
 def _context_ref():

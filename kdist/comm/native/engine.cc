@@ -263,10 +263,12 @@ Status Mismatch(MPI_Comm comm, const std::string& what) {
     message += "\n  rank " + std::to_string(r) + ": " +
                std::string(all.data() + offsets[r], counts[r]);
   }
+  // The same advice as kdist.comm.protocol.ADVICE.
   message +=
-      "\nEvery rank must run the same collectives in the same order: build the same model "
-      "on every rank, give tensors the same shapes and dtypes, and use the same step "
-      "pattern on all ranks.";
+      "\nEvery rank must run the same collectives in the same order. Usually a rank left a "
+      "loop early (a callback stopped its fit on that rank alone, or it ran out of data: "
+      "see kdist.join) or ended its script; otherwise build the same model on every rank, "
+      "give tensors the same shapes and dtypes, and use the same step pattern on all ranks.";
   return Status::Error(message);
 }
 

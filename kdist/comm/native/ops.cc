@@ -28,6 +28,17 @@ MPI_Comm CommAttr(OpKernelConstruction* context) {
   return MPI_Comm_f2c(static_cast<MPI_Fint>(handle));
 }
 
+// Ranks that run different collectives fail with FailedPrecondition, as
+// Horovod's ops do, so that scripts catching it keep working; anything else
+// (MPI itself failed) aborts.
+::tensorflow::Status ToTensorFlow(const kdist::Status& status) {
+  static const std::string kMismatch = "kdist: the ranks are not running the same collective";
+  if (status.message.compare(0, kMismatch.size(), kMismatch) == 0) {
+    return errors::FailedPrecondition(status.message);
+  }
+  return errors::Aborted(status.message);
+}
+
 }  // namespace
 
 REGISTER_OP("KdistAllreduce")
@@ -81,7 +92,7 @@ class KdistAllreduceOp : public OpKernel {
     kdist::Status status = kdist::FusedAllreduce(
         comm_, n, in.data(), out.data(), counts.data(), dtype_, op_, average_, prescale_,
         postscale_, direct_bytes_, Label(counts));
-    OP_REQUIRES(context, status.ok, errors::Aborted(status.message));
+    OP_REQUIRES(context, status.ok, ToTensorFlow(status));
   }
 
  private:
@@ -157,7 +168,7 @@ class KdistAllgatherOp : public OpKernel {
           return allocation.ok() ? output->data() : nullptr;
         });
     OP_REQUIRES_OK(context, allocation);
-    OP_REQUIRES(context, status.ok, errors::Aborted(status.message));
+    OP_REQUIRES(context, status.ok, ToTensorFlow(status));
   }
 
  private:
@@ -202,7 +213,7 @@ class KdistBroadcastOp : public OpKernel {
     }
     kdist::Status status = kdist::Broadcast(comm_, output->data(), input.NumElements(), dtype_,
                                             static_cast<int>(root_), label_);
-    OP_REQUIRES(context, status.ok, errors::Aborted(status.message));
+    OP_REQUIRES(context, status.ok, ToTensorFlow(status));
   }
 
  private:

@@ -1,0 +1,98 @@
+"""Horovod's `*_op` accessors: the rank and sizes as tensors read when a graph runs.
+
+`kdist.rank()` inside a `tf.function` is a Python number frozen into the
+graph when it is traced. These return int32 tensors read from small
+variables when the function runs (so they work under XLA too); the variables
+follow the world when an elastic job loses or gains ranks, as Horovod's ops do.
+"""
+
+import threading
+
+from kdist.comm import job, process_sets
+
+# Horovod's answer when the process set id is not registered.
+UNKNOWN_PROCESS_SET = -2
+
+_lock = threading.Lock()
+_variables = {}  # name -> tf.Variable
+_generation = [None]
+
+
+def _values():
+    return {"rank": job.rank(), "size": job.size(), "local_rank": job.local_rank(),
+            "local_size": job.local_size()}
+
+
+def _read(name):
+    import tensorflow as tf
+
+    with _lock, tf.init_scope():
+        generation = job.world_generation()
+        if not _variables:
+            for key, value in _values().items():
+                _variables[key] = tf.Variable(value, dtype=tf.int32, trainable=False,
+                                              name=f"kdist_{key}")
+        elif _generation[0] != generation:
+            for key, value in _values().items():
+                _variables[key].assign(value)
+        _generation[0] = generation
+        variable = _variables[name]
+    return tf.identity(variable)
+
+
+def refresh():
+    """Updates the values after the world changed (an elastic reset calls this)."""
+    if _variables:
+        _generation[0] = None
+        _read("rank")
+
+
+def rank_op(name=None):
+    """This process's rank, as an int32 tensor.
+
+    Example:
+
+        >>> import kdist
+        >>> int(kdist.rank_op()) == kdist.rank()
+        True
+    """
+    return _read("rank")
+
+
+def size_op(process_set_id=0, name=None):
+    """The number of ranks of the job (or of process set `process_set_id`), as an int32 tensor."""
+    if process_set_id:
+        import tensorflow as tf
+
+        return tf.constant(_process_set(process_set_id).size(), tf.int32)
+    return _read("size")
+
+
+def local_rank_op(name=None):
+    """This process's rank among the ranks on its host, as an int32 tensor."""
+    return _read("local_rank")
+
+
+def local_size_op(name=None):
+    """The number of ranks on this process's host, as an int32 tensor."""
+    return _read("local_size")
+
+
+def process_set_included_op(process_set_id=0, name=None):
+    """1 if this process is in process set `process_set_id`, 0 if not, -2 if there is no such set."""
+    import tensorflow as tf
+
+    if process_set_id == 0:
+        return tf.constant(1, tf.int32)
+    registered = process_sets.registered(process_set_id)
+    if registered is None:
+        return tf.constant(UNKNOWN_PROCESS_SET, tf.int32)
+    return tf.constant(int(bool(registered.included())), tf.int32)
+
+
+def _process_set(process_set_id):
+    registered = process_sets.registered(process_set_id)
+    if registered is None:
+        raise ValueError(f"No process set has id {process_set_id}; register it with "
+                         "kdist.add_process_set(...) on every rank first.")
+    return registered

@@ -1,0 +1,164 @@
+"""Horovod's `DistributedGradientTape`: custom training loops with averaged gradients.
+
+A custom loop records its forward pass on a `tf.GradientTape`, then wraps
+the tape; `gradient` returns gradients reduced over the ranks, fused into
+buckets exactly as `DistributedOptimizer` fuses them (one collective per
+bucket, not one per tensor), eagerly, inside `tf.function` and under XLA:
+
+    with tf.GradientTape() as tape:
+        loss = loss_fn(labels, model(images, training=True))
+    tape = kdist.DistributedGradientTape(tape)
+    grads = tape.gradient(loss, model.trainable_variables)
+    optimizer.apply_gradients(zip(grads, model.trainable_variables))
+
+The optimizer then must be a plain one: a `DistributedOptimizer` would
+average the already averaged gradients a second time (harmless for an
+average, wasted time).
+"""
+
+import tensorflow as tf
+
+from kdist.comm import collectives
+from kdist.comm import fusion
+from kdist.comm.processes import Average
+from kdist.optimizers.reduction import GradientReduction, is_variable
+
+
+def _recording_state(tape):
+    """What a tape has recorded, taken over by the distributed tape that wraps it.
+
+    TensorFlow keeps it in private attributes; this is the one place kdist
+    reads them, so a TensorFlow that renames them fails here with a clear error.
+    """
+    try:
+        return (tape._tape, tape._persistent, tape._watch_accessed_variables,
+                tape._watched_variables)
+    except AttributeError as error:
+        raise TypeError(
+            f"DistributedGradientTape could not take over this {type(tape).__name__}: this "
+            f"TensorFlow ({tf.__version__}) keeps a tape's state elsewhere ({error}). Reduce "
+            "the gradients with kdist.grouped_allreduce(tape.gradient(...)) instead.") from None
+
+
+class DistributedGradientTape(tf.GradientTape):
+    """A `tf.GradientTape` whose gradients are reduced over the ranks.
+
+    Wrap a tape once its forward pass is recorded; `gradient` computes this
+    rank's gradients and returns them averaged (or summed) over the ranks.
+
+    Args:
+        gradtape: the `tf.GradientTape` that recorded the loss.
+        device_dense: accepted for compatibility with Horovod; no effect.
+        device_sparse: accepted for compatibility with Horovod; no effect.
+        compression: `kdist.Compression.none` (default), `.fp16` or `.topk(ratio)`.
+        sparse_as_dense: reduce `tf.IndexedSlices` gradients as dense tensors
+            (else their rows are allgathered).
+        op: `kdist.Average` (default) or `kdist.Sum`.
+        gradient_predivide_factor: with `op=kdist.Average`, scale by `1 / f`
+            before the sum and by `f / size` after it.
+        num_groups: Horovod's older name for a number of `groups`.
+        groups: a number of collectives, or a list of lists of variables
+            fused together (variables in no list travel alone).
+        process_set: a `kdist.ProcessSet`: reduce among its ranks only.
+        scale_local_gradients: divide the gradients of local sources
+            (`register_local_source`) by the number of ranks, as Horovod does.
+        bucket_bytes: most bytes of gradient per fused collective.
+        comm: a `kdist.comm.Communicator` to reduce over instead.
+
+    Example:
+
+        On 2 ranks, where rank r's loss is `(r + 1) * w`:
+
+        >>> import tensorflow as tf, kdist
+        >>> w = tf.Variable(1.0)
+        >>> with tf.GradientTape() as tape:
+        ...     loss = (kdist.rank() + 1.0) * w
+        >>> tape = kdist.DistributedGradientTape(tape)
+        >>> float(tape.gradient(loss, [w])[0])
+        1.5
+    """
+
+    def __init__(self, gradtape, device_dense="", device_sparse="", compression=None,
+                 sparse_as_dense=False, op=Average, gradient_predivide_factor=1.0,
+                 num_groups=0, groups=None, process_set=None, scale_local_gradients=True,
+                 bucket_bytes=fusion.DEFAULT_BUCKET_BYTES, comm=None):
+        if not isinstance(gradtape, tf.GradientTape):
+            raise TypeError("DistributedGradientTape wraps a tf.GradientTape; got "
+                            f"{type(gradtape).__name__}.")
+        if isinstance(gradtape, DistributedGradientTape):
+            raise ValueError("This tape already reduces its gradients across ranks; wrap the "
+                             "plain tf.GradientTape once.")
+        recorded, persistent, watch_accessed, watched = _recording_state(gradtape)
+        super().__init__(persistent=persistent, watch_accessed_variables=watch_accessed)
+        self._tape = recorded
+        self._watched_variables = watched
+        self._reduction = GradientReduction(
+            collectives.resolve_comm(comm, process_set), compression, op,
+            bucket_bytes=bucket_bytes, num_groups=num_groups, groups=groups,
+            gradient_predivide_factor=gradient_predivide_factor,
+            sparse_as_dense=sparse_as_dense, scale_local_gradients=scale_local_gradients,
+            name="DistributedGradientTape")
+
+    def register_local_source(self, source):
+        """Keeps `source`'s gradient on this rank (a variable, a layer or a variable path)."""
+        if not (is_variable(source) or isinstance(source, str)
+                or hasattr(source, "trainable_weights")):
+            raise TypeError("register_local_source takes a variable, a layer or a variable "
+                            f"path; got {type(source).__name__}.")
+        self._reduction.register_local(source)
+
+    def gradient(self, target, sources, output_gradients=None,
+                 unconnected_gradients=tf.UnconnectedGradients.NONE, use_generic_names=False):
+        """This rank's gradients of `target`, reduced over the ranks, shaped like `sources`.
+
+        `use_generic_names` is accepted for compatibility with Horovod (kdist
+        names its collectives by bucket, not by variable).
+        """
+        gradients = super().gradient(target, sources, output_gradients=output_gradients,
+                                     unconnected_gradients=unconnected_gradients)
+        flat_sources = tf.nest.flatten(sources)
+        flat = tf.nest.flatten(gradients, expand_composites=False)
+        reduced = self._reduction(flat, flat_sources)
+        return tf.nest.pack_sequence_as(gradients, reduced)
+
+    def get_local_and_global_gradients(self, target, sources, output_gradients=None,
+                                       use_generic_names=False):
+        """`(local, global)`: lists of `(variable, gradient)` split by `register_local_source`."""
+        sources = list(sources)
+        gradients = self.gradient(target, sources, output_gradients=output_gradients)
+        keys = self._reduction.local_keys()
+        local, shared = [], []
+        for source, gradient in zip(sources, gradients):
+            (local if self._reduction.is_local(source, keys) else shared).append(
+                (source, gradient))
+        return local, shared
+
+
+def PartialDistributedGradientTape(gradtape, device_dense="", device_sparse="",
+                                   compression=None, sparse_as_dense=False, op=Average,
+                                   gradient_predivide_factor=1.0, num_groups=0, groups=None,
+                                   process_set=None, local_layers=None,
+                                   scale_local_gradients=True, **kwargs):
+    """A `DistributedGradientTape` that leaves `local_layers`' gradients on each rank.
+
+    With `scale_local_gradients` those gradients are divided by the number of
+    ranks, as Horovod does; everything else is as in `DistributedGradientTape`.
+    """
+    import keras
+
+    if local_layers is None:
+        local_layers = []
+    elif isinstance(local_layers, keras.layers.Layer):
+        local_layers = [local_layers]
+    else:
+        local_layers = list(local_layers)
+        for layer in local_layers:
+            if not isinstance(layer, keras.layers.Layer):
+                raise ValueError("All local layers must be Keras layers; got "
+                                 f"{type(layer).__name__}.")
+    tape = DistributedGradientTape(gradtape, device_dense, device_sparse, compression,
+                                   sparse_as_dense, op, gradient_predivide_factor, num_groups,
+                                   groups, process_set, scale_local_gradients, **kwargs)
+    for layer in local_layers:
+        tape.register_local_source(layer)
+    return tape
