@@ -29,9 +29,13 @@ MULTI_RANK = {
     "kdist.callbacks.broadcast.BroadcastGlobalVariablesCallback",
     "kdist.callbacks.learning_rate.LearningRateWarmupCallback",
     "kdist.comm.collectives.allreduce",
+    "kdist.comm.collectives.broadcast_",
+    "kdist.comm.collectives.grouped_allgather",
+    "kdist.comm.collectives.grouped_reducescatter",
     "kdist.comm.collectives.reducescatter",
     "kdist.comm.joining.join",
     "kdist.distribute.mpi_strategy.MPIStrategy",
+    "kdist.optimizers.tape.DistributedGradientTape",
 }
 
 # Modules that are not meant to be imported.

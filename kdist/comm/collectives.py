@@ -214,6 +214,8 @@ def grouped_allgather(tensors, name=None, process_set=None, ignore_name_scope=Fa
 
     Example:
 
+        On 2 ranks:
+
         >>> import numpy as np, kdist
         >>> [a.shape for a in kdist.grouped_allgather([np.ones((2, 3)), np.zeros(1)])]
         [(4, 3), (2,)]
