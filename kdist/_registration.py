@@ -22,6 +22,9 @@ SERIALIZABLE_MODULES = (
     "kdist.sparsity",  # PruneLowMagnitude, QuantizeAware, pruning schedules
     "kdist.gan",  # GAN
 )
+# Imported at the same moment: the module that makes the ranks of kdist's models agree
+# in `fit`, which every MPIStrategy created afterwards arranges (kdist.callbacks.agreement).
+KERAS_HOOKS = ("kdist.callbacks.agreement",)
 
 _WATCHED = ("keras", "tensorflow")
 
@@ -34,7 +37,7 @@ def register():
     if _registered:
         return
     _registered = True
-    for name in SERIALIZABLE_MODULES:
+    for name in SERIALIZABLE_MODULES + KERAS_HOOKS:
         try:
             importlib.import_module(name)
         except Exception as error:  # A broken optional part must not break `import keras`.

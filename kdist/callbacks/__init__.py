@@ -1,5 +1,6 @@
 """Keras callbacks for distributed training, named as in Horovod."""
 
+from kdist.callbacks.agreement import Agreement
 from kdist.callbacks.broadcast import BroadcastGlobalVariablesCallback, MetricAverageCallback
 from kdist.callbacks.checkpoint import Checkpoint, latest_checkpoint
 from kdist.callbacks.learning_rate import (
@@ -11,7 +12,7 @@ from kdist.callbacks.noise_scale import GradientNoiseScale, estimate_noise_scale
 from kdist.callbacks.tensorboard import TensorBoard
 
 __all__ = [
-    "BroadcastGlobalVariablesCallback", "Checkpoint", "GradientNoiseScale",
+    "Agreement", "BroadcastGlobalVariablesCallback", "Checkpoint", "GradientNoiseScale",
     "LearningRateScheduleCallback",
     "LearningRateWarmupCallback", "MetricAverageCallback", "TensorBoard", "latest_checkpoint",
     "estimate_noise_scale", "scale_learning_rate",

@@ -10,6 +10,7 @@ from kdist.comm import processes
 _joined = weakref.WeakKeyDictionary()  # model -> the last epoch it joined at
 _local = weakref.WeakKeyDictionary()  # model -> ids of the variables each rank keeps to itself
 _independent = weakref.WeakSet()  # models whose steps hold no collective (gossip replicas)
+_averaged = weakref.WeakKeyDictionary()  # model -> the last epoch whose logs were averaged
 
 
 def join_once(model, epoch):
@@ -76,6 +77,54 @@ def steps_independently(model, independent=True):
 
 def forget(model):
     _joined.pop(model, None)
+    _averaged.pop(model, None)
+
+
+def comm_of(model):
+    """The communicator of the ranks that train `model` together: its kdist optimizer's
+    (a search's team, a process set), its `MPIStrategy`'s, else the world."""
+    for optimizer in _optimizers(model):
+        core = reducing_core(optimizer)
+        if core is not None and getattr(core, "comm", None) is not None:
+            return core.comm
+    strategy_comm = getattr(_strategy(model), "comm", None)
+    return strategy_comm if strategy_comm is not None else processes.world()
+
+
+def trained_together(model):
+    """Whether `model` is trained by several ranks in step: its optimizer (or one of a
+    GAN's) reduces through kdist, or its strategy is kdist's `MPIStrategy`."""
+    if any(reducing_core(o) is not None for o in _optimizers(model)):
+        return True
+    return _strategy(model) is not None
+
+
+def _optimizers(model):
+    optimizers = getattr(model, "optimizers", None)
+    if isinstance(optimizers, (list, tuple)):
+        return list(optimizers)
+    optimizer = getattr(model, "optimizer", None)
+    return [] if optimizer is None else [optimizer]
+
+
+def _strategy(model):
+    """`model`'s strategy when it is kdist's `MPIStrategy`, else None."""
+    from kdist.distribute.mpi_strategy import MPIStrategy
+
+    try:
+        strategy = model.distribute_strategy
+    except (AttributeError, ValueError):
+        return None
+    return strategy if isinstance(strategy, MPIStrategy) else None
+
+
+def mark_averaged(model, epoch):
+    """Records that `model`'s logs of `epoch` hold the average over its ranks."""
+    _averaged[model] = epoch
+
+
+def averaged(model, epoch):
+    return _averaged.get(model) == epoch
 
 
 def keep_local(model, variables):

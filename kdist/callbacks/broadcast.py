@@ -132,20 +132,32 @@ class MetricAverageCallback(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         _sync.join_once(self.model, epoch)
-        if logs is None or processes.size() == 1:
-            return
-        names = sorted(k for k, v in logs.items() if np.ndim(v) == 0 and _is_number(v))
-        if names != self._names:
-            everyone = collectives.allgather_object(names)
-            if any(theirs != names for theirs in everyone):
-                raise ValueError(
-                    "MetricAverageCallback: ranks report different metrics "
-                    f"({everyone}); every rank must compile the same metrics.")
-            self._names = names
-        values = np.array([float(logs[k]) for k in names], dtype=np.float64)
-        averaged = collectives.allreduce(values)
-        for name, value in zip(names, averaged):
-            logs[name] = float(value)
+        if logs is None or _sync.averaged(self.model, epoch):
+            return  # kdist's agreement (kdist.callbacks.Agreement) averaged them already
+        self._names = average_logs(logs, _sync.comm_of(self.model), self._names,
+                                   "MetricAverageCallback")
+
+
+def average_logs(logs, comm, known=None, who="kdist"):
+    """Replaces the numeric values of `logs` in place by their average over `comm`'s ranks.
+
+    `known` is the list of names the ranks last agreed on (None at first); when
+    the names change, the ranks compare them first. Returns the names.
+    """
+    if comm.size == 1:
+        return known
+    names = sorted(k for k, v in logs.items() if np.ndim(v) == 0 and _is_number(v))
+    if names != known:
+        everyone = comm.allgather_object(names)
+        if any(theirs != names for theirs in everyone):
+            raise ValueError(
+                f"{who}: ranks report different metrics ({everyone}); every rank must "
+                "compile the same metrics.")
+    values = np.array([float(logs[k]) for k in names], dtype=np.float64)
+    averaged = collectives.allreduce(values, comm=comm)
+    for name, value in zip(names, averaged):
+        logs[name] = float(value)
+    return names
 
 
 def _is_variable(value):

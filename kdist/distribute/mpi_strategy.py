@@ -41,6 +41,16 @@ from kdist.distribute import consistency
 
 logger = logging.getLogger(__name__)
 
+# Functions called with each new MPIStrategy: layers above this one (kdist's callbacks,
+# which make fit's ranks agree) register here, as this module cannot import them.
+_created_hooks = []
+
+
+def when_created(function):
+    """Calls `function(strategy)` whenever an `MPIStrategy` is created from now on."""
+    if function not in _created_hooks:
+        _created_hooks.append(function)
+
 
 class MPIStrategy(distribute_lib.Strategy):
     """Synchronous data parallelism over MPI ranks, one replica per rank.
@@ -91,6 +101,8 @@ class MPIStrategy(distribute_lib.Strategy):
         super().__init__(_MPIExtended(self, device, comm, compression, bucket_bytes))
         if comm.rank == 0:
             logger.info("MPIStrategy: %d replicas (one per rank) on %s", comm.size, device)
+        for hook in list(_created_hooks):
+            hook(self)
 
     @property
     def comm(self):
