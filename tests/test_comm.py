@@ -34,13 +34,12 @@ def test_bad_arguments_raise_clear_errors():
         kdist.allreduce(np.ones(2), op="median")
     with pytest.raises(ValueError, match="root_rank=3"):
         kdist.broadcast(np.ones(2), root_rank=3)
-    # Integers average as in Horovod (summed, divided, truncated) but cannot be scaled.
+    # Integers average and scale as in Horovod: in float64, truncated toward zero.
     assert kdist.allreduce(tf.constant([1, -2])).numpy().tolist() == [1, -2]
     assert kdist.allreduce(np.array([1, -2])).dtype == np.array([1]).dtype
-    with pytest.raises(TypeError, match="floating"):
-        kdist.allreduce(tf.constant([1, 2]), prescale_factor=2.0)
-    with pytest.raises(TypeError, match="floating"):
-        kdist.allreduce(np.array([1, 2]), postscale_factor=0.5)
+    assert kdist.allreduce(tf.constant([10, -10]), prescale_factor=0.25).numpy().tolist() == \
+        [2, -2]
+    assert kdist.allreduce(np.array([10, -10]), postscale_factor=0.25).tolist() == [2, -2]
     with pytest.raises(ValueError, match="already initialised"):
         kdist.init(comm=[0])
     with pytest.raises(ValueError, match="scalar"):

@@ -41,3 +41,8 @@ def test_tf2_core_collectives_tape_and_errors_on_two_ranks(mpirun):
         assert out["mismatch"] == ["FailedPreconditionError", "FailedPreconditionError"]
         assert out["after_mismatch"] == [2.0]
         assert "BroadcastGlobalVariablesCallback(0)" in out["missing_name"]
+        assert out["error_kinds"] == ["NotImplementedError"] * 3 + [
+            "InvalidArgumentError", "FailedPreconditionError"]
+        # 10 * 0.25 truncates to 2 on each rank; (10 + 10) * 0.5 and (7 + 7) * 0.5 per row.
+        assert out["int_scaled"] == [[4, -4], [10] if rank == 0 else [7]]
+        assert out["fp16"] == ["float16", "float64"]

@@ -29,7 +29,11 @@ def _is_tensor(value):
     return tf is not None and (tf.is_tensor(value) or isinstance(value, tf.Variable))
 
 
-def _resolve_op(average, op):
+def _resolve_op(average, op, values=()):
+    if op is not None and str(op).lower() == "adasum" and any(
+            type(v).__name__ == "IndexedSlices" for v in values):
+        raise UnsupportedSparseReduction("Sparse (IndexedSlices) values can be summed or "
+                                         "averaged, not reduced with Adasum.")
     if average is not None and op is not None:
         raise ValueError("Pass either `average` or `op` to allreduce, not both.")
     if op is None:
@@ -75,16 +79,14 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="", compressi
         >>> kdist.allreduce(value, op=kdist.Sum)
         array([3., 6.])
     """
-    op = _resolve_op(average, op)
+    op = _resolve_op(average, op, [tensor])
     comm = resolve_comm(comm, process_set)
     if not _is_tensor(tensor):
         return _numpy_allreduce(np.asarray(tensor), op, comm, prescale_factor, postscale_factor,
                                 name or "")
     tf = _tf()
     if isinstance(tensor, tf.IndexedSlices):
-        if prescale_factor != 1.0 or postscale_factor != 1.0:
-            raise ValueError("Sparse (IndexedSlices) values cannot be prescaled or "
-                             "postscaled; scale them first, or convert them to dense tensors.")
+        _check_sparse(op, prescale_factor, postscale_factor)
         return _allreduce_sparse(tensor, op, comm)
     from kdist.comm import differentiable
 
@@ -97,14 +99,19 @@ def _numpy_allreduce(array, op, comm, prescale, postscale, label):
     out = np.array(array, copy=True, order="C")
     if out.dtype.kind not in "fiub" and out.dtype.name != "bfloat16":
         raise TypeError(f"allreduce supports numeric arrays; got dtype {out.dtype}.")
-    scaled = prescale != 1.0 or postscale != 1.0
-    if scaled and out.dtype.kind != "f":
-        raise TypeError(f"Scaling needs floating values; got {out.dtype}. Convert to float "
-                        "first.")
-    if op == Average and out.dtype.kind != "f" and out.dtype.name != "bfloat16":
-        # Integers: summed, then divided with truncation toward zero, as Horovod does.
-        summed = comm.allreduce_many([out], op=Sum, average=False, label=label)[0]
-        return np.trunc(summed / comm.size).astype(out.dtype).reshape(out.shape)
+    if out.dtype.kind != "f" and out.dtype.name != "bfloat16" and (
+            op == Average or prescale != 1.0 or postscale != 1.0):
+        # Integers as Horovod treats them: scaled in float64 and truncated back;
+        # an average is the sum divided by the number of ranks, truncated too.
+        if prescale != 1.0:
+            out = np.trunc(out * prescale).astype(out.dtype)
+        inner_op = Sum if op == Average else op
+        summed = _numpy_allreduce(out, inner_op, comm, 1.0, 1.0, label)
+        if op == Average:
+            postscale = postscale / comm.size
+        if postscale != 1.0:
+            summed = np.trunc(summed * postscale).astype(out.dtype)
+        return summed.reshape(out.shape)
     if op in (Average, Sum):
         return comm.allreduce_many([out], op=Sum, average=op == Average, prescale=prescale,
                                    postscale=postscale, label=label)[0].reshape(out.shape)
@@ -116,11 +123,19 @@ def _numpy_allreduce(array, op, comm, prescale, postscale, label):
     return out
 
 
+def _check_sparse(op, prescale, postscale):
+    if op not in (Average, Sum):
+        raise UnsupportedSparseReduction(
+            f"Sparse (IndexedSlices) values can be summed or averaged, not {op}.")
+    if prescale != 1.0 or postscale != 1.0:
+        raise UnsupportedSparseReduction(
+            "Sparse (IndexedSlices) values cannot be prescaled or postscaled; scale them "
+            "first, or convert them to dense tensors.")
+
+
 def _allreduce_sparse(slices, op, comm):
     """Horovod's reduction of sparse gradients: gather every rank's rows and values."""
     tf = _tf()
-    if op not in (Average, Sum):
-        raise ValueError(f"Sparse (IndexedSlices) values can be summed or averaged, not {op}.")
     values = allgather(slices.values, comm=comm)
     indices = allgather(slices.indices, comm=comm)
     if op == Average:
@@ -139,9 +154,9 @@ def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="",
         >>> [a.tolist() for a in kdist.grouped_allreduce([np.ones(2), np.zeros(3)])]
         [[1.0, 1.0], [0.0, 0.0, 0.0]]
     """
-    op = _resolve_op(average, op)
-    comm = resolve_comm(comm, process_set)
     tensors = list(tensors)
+    op = _resolve_op(average, op, tensors)
+    comm = resolve_comm(comm, process_set)
     if not any(_is_tensor(t) for t in tensors):
         if op in (Average, Sum):
             return _numpy_grouped(tensors, op, comm, prescale_factor, postscale_factor,
@@ -152,9 +167,8 @@ def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="",
     from kdist.comm import differentiable
 
     sparse = [i for i, t in enumerate(tensors) if isinstance(t, tf.IndexedSlices)]
-    if sparse and (prescale_factor != 1.0 or postscale_factor != 1.0):
-        raise ValueError("Sparse (IndexedSlices) values cannot be prescaled or postscaled; "
-                         "scale them before the reduction, or convert them to dense tensors.")
+    if sparse:
+        _check_sparse(op, prescale_factor, postscale_factor)
     dense = [i for i in range(len(tensors)) if i not in set(sparse)]
     results = [None] * len(tensors)
     for i in sparse:
@@ -234,10 +248,22 @@ def alltoall(tensor, splits=None, name=None, process_set=None, ignore_name_scope
     comm = resolve_comm(comm, process_set)
     rows = np.shape(tensor)[0] if np.ndim(tensor) else 0
     if splits is None:
-        if np.ndim(tensor) == 0 or rows % comm.size:
-            raise ValueError(f"alltoall without splits divides the first dimension equally, "
-                             f"but {rows} rows do not divide by {comm.size} ranks; pass splits=.")
-        counts = np.full(comm.size, rows // comm.size, dtype=np.int64)
+        if rows is None:  # a symbolic tensor whose rows are known only when it runs
+            tf = _tf()
+            rows = tf.shape(tensor, out_type=tf.int64)[0]
+            counts = tf.fill([comm.size], rows // comm.size)
+            counts = tf.ensure_shape(counts, [comm.size])
+            with tf.control_dependencies([tf.debugging.assert_equal(
+                    rows % comm.size, tf.constant(0, tf.int64),
+                    message=f"alltoall without splits divides the first dimension equally "
+                            f"over {comm.size} ranks; pass splits=.")]):
+                counts = tf.identity(counts)
+        elif np.ndim(tensor) == 0 or rows % comm.size:
+            error = _argument_error(tensor)
+            raise error(f"alltoall without splits divides the first dimension equally, "
+                        f"but {rows} rows do not divide by {comm.size} ranks; pass splits=.")
+        else:
+            counts = np.full(comm.size, rows // comm.size, dtype=np.int64)
     else:
         counts = splits
     if not _is_tensor(tensor) and not _is_tensor(counts):
@@ -249,6 +275,21 @@ def alltoall(tensor, splits=None, name=None, process_set=None, ignore_name_scope
         received, received_counts = differentiable.alltoall(
             _tf().convert_to_tensor(tensor), counts, comm, label=name or "alltoall")
     return received if splits is None else (received, received_counts)
+
+
+def _argument_error(value):
+    """The class for a bad argument: TensorFlow's InvalidArgumentError (a ValueError too)
+    for tensors, as Horovod's ops raise; ValueError for numpy values."""
+    if _is_tensor(value):
+        from kdist.comm.graph_ops import TensorArgumentError
+
+        return TensorArgumentError
+    return ValueError
+
+
+class UnsupportedSparseReduction(NotImplementedError, ValueError):
+    """A reduction Horovod does not define for `tf.IndexedSlices` (Min, Max, Product,
+    Adasum, scaling): `NotImplementedError`, as in Horovod, and a `ValueError`."""
 
 
 def reducescatter(tensor, device_dense="", compression=None, op=Average, name=None,

@@ -32,6 +32,14 @@ class Compressor:
         return _by_dtype(tensors, lambda group: graph_ops.allreduce(
             group, comm, average=average, prescale=prescale, postscale=postscale, label=label))
 
+    def compress(self, tensor):
+        """Horovod's compressor interface: `(the tensor as it travels, context)`."""
+        return tensor, None
+
+    def decompress(self, tensor, ctx):
+        """The inverse of `compress`, given the context it returned."""
+        return tensor
+
     def get_config(self):
         return {"name": self.name}
 
@@ -45,6 +53,20 @@ class NoneCompressor(Compressor):
 
 class FP16Compressor(Compressor):
     name = "fp16"
+
+    def compress(self, tensor):
+        """Floating tensors travel as float16; others as they are."""
+        import tensorflow as tf
+
+        tensor = tf.convert_to_tensor(tensor)
+        if tensor.dtype.is_floating:
+            return tf.cast(tensor, tf.float16), tensor.dtype
+        return tensor, None
+
+    def decompress(self, tensor, ctx):
+        import tensorflow as tf
+
+        return tensor if ctx is None else tf.cast(tensor, ctx)
 
     def reduce(self, tensors, comm, average, prescale=1.0, postscale=1.0, label="", key=None):
         import tensorflow as tf
@@ -73,6 +95,12 @@ class TopKCompressor(Compressor):
     """
 
     name = "topk"
+
+    def compress(self, tensor):
+        raise NotImplementedError(
+            "Top-k compression happens inside the reduction, where it keeps each tensor's "
+            "residual for the next step; use it through DistributedOptimizer(compression=...) "
+            "or allreduce(compression=...), not compress/decompress.")
 
     def __init__(self, ratio=0.01):
         if not 0.0 < float(ratio) <= 1.0:

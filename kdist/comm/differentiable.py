@@ -65,9 +65,7 @@ def average_integers(tensor, summed, comm):
     """`summed / size` for an integer `tensor`, truncated toward zero, as Horovod averages."""
     if tensor.dtype.is_floating:
         return summed
-    quotient = tf.cast(summed, tf.float64) / float(comm.size)
-    return tf.cast(tf.where(quotient < 0, tf.math.ceil(quotient), tf.math.floor(quotient)),
-                   tensor.dtype)
+    return graph_ops.scale_integers(summed, 1.0 / comm.size)
 
 
 def _gradient_op(op):

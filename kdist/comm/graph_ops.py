@@ -33,6 +33,33 @@ def _leave_kdist_unconverted():
 _leave_kdist_unconverted()
 
 
+class TensorCollectiveMismatch(protocol.CollectiveMismatch, tf.errors.FailedPreconditionError):
+    """Ranks ran different collectives on tensors: a `CollectiveMismatch` that is also
+    TensorFlow's `FailedPreconditionError`, the error Horovod's ops (and kdist's C++ ops)
+    raise, whichever engine ran the collective."""
+
+    def __init__(self, message):
+        tf.errors.FailedPreconditionError.__init__(self, None, None, message)
+
+
+class TensorArgumentError(ValueError, tf.errors.InvalidArgumentError):
+    """A collective's tensor argument is invalid: a `ValueError` that is also TensorFlow's
+    `InvalidArgumentError`, as Horovod's ops raise."""
+
+    def __init__(self, message):
+        tf.errors.InvalidArgumentError.__init__(self, None, None, message)
+
+
+def _python_collective(function, *args):
+    """Runs a collective in Python on behalf of a tensor op, with TensorFlow's error class."""
+    try:
+        return function(*args)
+    except TensorCollectiveMismatch:
+        raise
+    except protocol.CollectiveMismatch as error:
+        raise TensorCollectiveMismatch(str(error)) from None
+
+
 def in_xla():
     """True while tracing a function that XLA will compile (`jit_compile=True`)."""
     if tf.executing_eagerly():
@@ -67,9 +94,15 @@ def allreduce(tensors, comm, op="sum", average=False, prescale=1.0, postscale=1.
         raise TypeError("A fused allreduce needs tensors of one dtype; got "
                         f"{sorted({t.dtype.name for t in tensors})}.")
     _dtype_code(dtype)
-    if (average or prescale != 1.0 or postscale != 1.0) and not dtype.is_floating:
-        raise TypeError(f"Averaging or scaling needs floating tensors; got {dtype.name}. "
-                        "Use op=kdist.Sum without scaling, or cast first.")
+    if average and not dtype.is_floating:
+        raise TypeError(f"A fused average needs floating tensors; got {dtype.name}. Use "
+                        "kdist.allreduce, which averages integers, or op=kdist.Sum.")
+    if (prescale != 1.0 or postscale != 1.0) and not dtype.is_floating:
+        # As Horovod scales integers: in float64, truncated back to the integer type.
+        if prescale != 1.0:
+            tensors = [scale_integers(t, prescale) for t in tensors]
+        summed = allreduce(tensors, comm, op=op, label=label)
+        return [scale_integers(t, postscale) if postscale != 1.0 else t for t in summed]
     if comm.size == 1:
         factor = prescale * postscale
         return [t if factor == 1.0 else t * tf.cast(factor, dtype) for t in tensors]
@@ -85,13 +118,18 @@ def allreduce(tensors, comm, op="sum", average=False, prescale=1.0, postscale=1.
                                    postscale=postscale, label=label)
 
     if tf.executing_eagerly():
-        results = reduce(*[t.numpy() for t in tensors])
+        results = _python_collective(reduce, *[t.numpy() for t in tensors])
         return [tf.convert_to_tensor(r, dtype=dtype) for r in results]
     results = tf.numpy_function(reduce, tensors, [dtype] * len(tensors), stateful=True,
                                 name="kdist_allreduce")
     for result, t in zip(results, tensors):
         result.set_shape(t.shape)
     return list(results)
+
+
+def scale_integers(tensor, factor):
+    """`tensor * factor` for an integer tensor: computed in float64, truncated toward zero."""
+    return tf.cast(tf.cast(tensor, tf.float64) * factor, tensor.dtype)
 
 
 def allgather(tensor, comm, label=""):
@@ -110,7 +148,8 @@ def allgather(tensor, comm, label=""):
     if ops is not None:
         return ops.kdist_allgather(tensor, comm=comm.fortran_handle, size=comm.size, label=label)
     if tf.executing_eagerly():
-        return tf.convert_to_tensor(comm.allgather_rows(tensor.numpy(), label=label))
+        return tf.convert_to_tensor(_python_collective(
+            lambda a: comm.allgather_rows(a, label=label), tensor.numpy()))
     result = tf.numpy_function(lambda a: comm.allgather_rows(a, label=label), [tensor],
                                tensor.dtype, stateful=True, name="kdist_allgather")
     result.set_shape(tf.TensorShape([None]).concatenate(tensor.shape[1:]))
@@ -133,7 +172,7 @@ def broadcast(tensor, comm, root=0, label=""):
         return comm.bcast_(out, root=int(root), label=label)
 
     if tf.executing_eagerly():
-        return tf.convert_to_tensor(bcast(tensor.numpy()))
+        return tf.convert_to_tensor(_python_collective(bcast, tensor.numpy()))
     result = tf.numpy_function(bcast, [tensor], tensor.dtype, stateful=True,
                                name="kdist_broadcast")
     result.set_shape(tensor.shape)
@@ -155,7 +194,7 @@ def alltoall(tensor, splits, comm, label=""):
 
     splits = tf.cast(tf.convert_to_tensor(splits), tf.int64)
     if tf.executing_eagerly():
-        received, counts = exchange(tensor.numpy(), splits.numpy())
+        received, counts = _python_collective(exchange, tensor.numpy(), splits.numpy())
         return tf.convert_to_tensor(received), tf.convert_to_tensor(counts)
     received, counts = tf.numpy_function(exchange, [tensor, splits], [tensor.dtype, tf.int64],
                                          stateful=True, name="kdist_alltoall")

@@ -26,6 +26,12 @@ def _values():
 def _read(name):
     import tensorflow as tf
 
+    with tf.init_scope():
+        eager = tf.executing_eagerly()
+    if not eager:
+        # A TensorFlow 1 graph: its session holds no variables of kdist's; the value
+        # at graph construction is what such a graph can have.
+        return tf.constant(_values()[name], tf.int32)
     with _lock, tf.init_scope():
         generation = job.world_generation()
         if not _variables:
@@ -79,7 +85,7 @@ def local_size_op(name=None):
 
 
 def process_set_included_op(process_set_id=0, name=None):
-    """1 if this process is in process set `process_set_id`, 0 if not, -2 if there is no such set."""
+    """1 if this process is in process set `process_set_id`, 0 if not, -2 if no set has it."""
     import tensorflow as tf
 
     if process_set_id == 0:

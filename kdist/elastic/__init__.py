@@ -26,7 +26,13 @@ from kdist.elastic.callbacks import (
     UpdateEpochStateCallback,
 )
 from kdist.elastic.runner import FatalToThisRank, is_replacement, run
-from kdist.elastic.state import HostsUpdatedInterrupt, KerasState, ObjectState, State
+from kdist.elastic.state import (
+    HostsUpdatedInterrupt,
+    KerasState,
+    ObjectState,
+    State,
+    TensorFlowState,
+)
 
 # Horovod's name for the error a lost rank causes.
 HorovodInternalError = RanksLost
@@ -40,6 +46,7 @@ __all__ = [
     "ObjectState",
     "RanksLost",
     "State",
+    "TensorFlowState",
     "UpdateBatchStateCallback",
     "UpdateEpochStateCallback",
     "is_replacement",

@@ -205,6 +205,55 @@ def _strategy_scope(model):
     return strategy.scope() if strategy is not None else contextlib.nullcontext()
 
 
+class TensorFlowState(ObjectState):
+    """Horovod's state for a custom TensorFlow loop: a list of variables and plain values.
+
+    Args:
+        variables: the variables to commit, restore and sync (`tf.Variable` or
+            Keras variables; a model's `variables` plus its optimizer's, say).
+        session: accepted for compatibility with Horovod (TensorFlow 1); must be None.
+        **values: plain values kept alongside (`epoch=0`, `batch=0`, ...).
+
+    Example:
+
+        >>> import tensorflow as tf, kdist
+        >>> v = tf.Variable([1.0, 2.0])
+        >>> state = kdist.elastic.TensorFlowState([v], epoch=0)
+        >>> _ = v.assign([0.0, 0.0])
+        >>> state.restore()
+        >>> v.numpy().tolist()
+        [1.0, 2.0]
+    """
+
+    def __init__(self, variables=None, session=None, **values):
+        if session is not None:
+            raise ValueError("TensorFlowState keeps variables of TensorFlow 2; a TensorFlow 1 "
+                             "session is not supported: pass session=None.")
+        self.variables = list(variables or [])
+        self._saved_variables = None
+        super().__init__(**values)
+        self._save_variables()
+
+    def _save_variables(self):
+        self._saved_variables = [np.array(v.numpy(), copy=True) for v in self.variables]
+
+    def save(self):
+        self._save_variables()
+        super().save()
+
+    def restore(self):
+        _assign(self.variables, self._saved_variables, "state")
+        super().restore()
+
+    def sync(self):
+        from kdist.comm import collectives
+
+        if self.variables:
+            collectives.broadcast_variables(self.variables, root_rank=0)
+        super().sync()
+        self._save_variables()
+
+
 def _assign(variables, values, what):
     variables = list(variables)
     if len(variables) != len(values):

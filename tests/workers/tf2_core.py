@@ -88,6 +88,32 @@ for case in ("shape", "dtype"):
 out["mismatch"] = errors
 out["after_mismatch"] = hvd.allreduce(tf.constant([1.0]), op=hvd.Sum).numpy().tolist()
 
+# Horovod's error classes for arguments it refuses.
+kinds = []
+for call in (lambda: hvd.allreduce(slices, op=hvd.Max),
+             lambda: hvd.allreduce(slices, op=hvd.Adasum),
+             lambda: hvd.grouped_allreduce([slices], op=hvd.Sum, prescale_factor=2.0),
+             lambda: hvd.alltoall(tf.ones([3])),
+             lambda: hvd.alltoall(tf.ones([size], tf.int32 if rank == 0 else tf.float32))):
+    try:
+        call()
+        kinds.append("no error")
+    except NotImplementedError:
+        kinds.append("NotImplementedError")
+    except tf.errors.InvalidArgumentError:
+        kinds.append("InvalidArgumentError")
+    except tf.errors.FailedPreconditionError:
+        kinds.append("FailedPreconditionError")
+out["error_kinds"] = kinds
+# Integers scale in float64 and are truncated back, as in Horovod.
+out["int_scaled"] = [hvd.allreduce(tf.constant([10, -10]), op=hvd.Sum, prescale_factor=0.25)
+                     .numpy().tolist(),
+                     hvd.reducescatter(tf.constant([10, 7]), op=hvd.Sum, postscale_factor=0.5)
+                     .numpy().tolist()]
+compressed, context = hvd.Compression.fp16.compress(tf.ones(2, tf.float64))
+out["fp16"] = [compressed.dtype.name,
+               hvd.Compression.fp16.decompress(compressed, context).dtype.name]
+
 try:
     hvd.BroadcastGlobalVariablesHook
 except AttributeError as error:

@@ -133,8 +133,7 @@ def load():
             from mpi4py import MPI
 
             module = tf.load_op_library(library)
-            with tf.init_scope():  # load() may be called while a train step is traced
-                built_for = module.kdist_mpi_library().numpy().decode()
+            built_for = _run_eagerly(tf, module.kdist_mpi_library).decode()
             if built_for.strip() != MPI.Get_library_version().strip():
                 raise RuntimeError(f"the ops were built for {built_for.splitlines()[0]!r} but "
                                    f"mpi4py uses {MPI.Get_library_version().splitlines()[0]!r}")
@@ -147,6 +146,17 @@ def load():
                            "ops, which are slower and cannot run under XLA.",
                            _ops_failure.splitlines()[0])
     return _ops
+
+
+def _run_eagerly(tf, op):
+    """The value of a no-input op, wherever load() is called from: while a train step is
+    traced (init_scope leaves the function), or inside a TensorFlow 1 graph (where it
+    does not reach eager mode, so a graph and session of its own run the op)."""
+    with tf.init_scope():
+        if tf.executing_eagerly():
+            return op().numpy()
+        with tf.Graph().as_default() as graph, tf.compat.v1.Session(graph=graph) as session:
+            return session.run(op())
 
 
 def load_xla():
