@@ -21,6 +21,7 @@ import numpy as np
 from keras import ops
 
 from kdist import _args
+from kdist.callbacks import agreement
 from kdist.comm import collectives
 from kdist.comm import fusion
 from kdist.distribute import consistency
@@ -101,6 +102,9 @@ class AllreduceOptimizer(keras.optimizers.Optimizer):
             sparse_as_dense=sparse_as_dense, scale_local_gradients=scale_local_gradients,
             name=name)
         super().__init__(learning_rate=0.0, name=name)
+        # Ranks that train through this optimizer agree at each epoch's end of fit
+        # (kdist.callbacks.Agreement; KDIST_AGREEMENT=0 turns it off).
+        agreement.install()
         self._gradient_reduction = reduction
         self.backward_passes_per_step = backward_passes_per_step
         self._state = types.SimpleNamespace(handoff=None, norms=None)
