@@ -46,3 +46,13 @@ def test_tf2_core_collectives_tape_and_errors_on_two_ranks(mpirun):
         # 10 * 0.25 truncates to 2 on each rank; (10 + 10) * 0.5 and (7 + 7) * 0.5 per row.
         assert out["int_scaled"] == [[4, -4], [10] if rank == 0 else [7]]
         assert out["fp16"] == ["float16", "float64"]
+
+
+def test_collectives_in_a_tensorflow_1_graph_run_in_the_order_they_were_built(mpirun):
+    # Five allreduces of other sizes and an allgather fetched together, ten times: without
+    # an order, the ranks would start different collectives and fail.
+    job = mpirun("tf1_graph.py", n=2)
+    for rank in (0, 1):
+        out = job.rank(rank)
+        assert out["native"] is True  # the C++ ops loaded although first used in a graph
+        assert out["runs"] == [[[3.0]] * 5 + [3, rank, 2]] * 10

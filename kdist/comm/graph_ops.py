@@ -11,6 +11,9 @@ Each function picks the engine for where it runs:
 Both follow the same wire protocol, so ranks agree whichever they use.
 """
 
+import contextlib
+import weakref
+
 import numpy as np
 import tensorflow as tf
 from tensorflow.python.ops import control_flow_util
@@ -58,6 +61,34 @@ def _python_collective(function, *args):
         raise
     except protocol.CollectiveMismatch as error:
         raise TensorCollectiveMismatch(str(error)) from None
+
+
+# The last kdist collective op added to each TensorFlow 1 graph (see in_order).
+_last_op = weakref.WeakKeyDictionary()
+
+
+@contextlib.contextmanager
+def in_order():
+    """Makes the collective op built inside run after the previous one of its graph.
+
+    Every rank must run collectives in the same order. Inside `tf.function`
+    TensorFlow runs stateful ops in program order already; a TensorFlow 1 graph
+    (`tf.compat.v1`, a `Session`) does not, and two collectives fetched in one
+    `Session.run` could run in another order on each rank. There each collective
+    is made to wait for the one built before it.
+    """
+    if tf.executing_eagerly() or tf.inside_function():
+        yield
+        return
+    graph = tf.compat.v1.get_default_graph()
+    previous = _last_op.get(graph)
+    before = len(graph.get_operations())
+    with tf.control_dependencies([previous] if previous is not None else []):
+        yield
+    built = graph.get_operations()[before:]
+    collectives = [op for op in built if op.type.startswith(("Kdist", "PyFunc", "EagerPyFunc"))]
+    if collectives:
+        _last_op[graph] = collectives[-1]
 
 
 def in_xla():
@@ -109,9 +140,10 @@ def allreduce(tensors, comm, op="sum", average=False, prescale=1.0, postscale=1.
     mpi_op = protocol_op(op)
     ops = _native_ops(comm)
     if ops is not None:
-        return ops.kdist_allreduce(tensors, comm=comm.fortran_handle, reduce_op=mpi_op,
-                                   average=bool(average), prescale=float(prescale),
-                                   postscale=float(postscale), label=label)
+        with in_order():
+            return ops.kdist_allreduce(tensors, comm=comm.fortran_handle, reduce_op=mpi_op,
+                                       average=bool(average), prescale=float(prescale),
+                                       postscale=float(postscale), label=label)
 
     def reduce(*arrays):
         return comm.allreduce_many(arrays, op=op, average=average, prescale=prescale,
@@ -120,8 +152,9 @@ def allreduce(tensors, comm, op="sum", average=False, prescale=1.0, postscale=1.
     if tf.executing_eagerly():
         results = _python_collective(reduce, *[t.numpy() for t in tensors])
         return [tf.convert_to_tensor(r, dtype=dtype) for r in results]
-    results = tf.numpy_function(reduce, tensors, [dtype] * len(tensors), stateful=True,
-                                name="kdist_allreduce")
+    with in_order():
+        results = tf.numpy_function(reduce, tensors, [dtype] * len(tensors), stateful=True,
+                                    name="kdist_allreduce")
     for result, t in zip(results, tensors):
         result.set_shape(t.shape)
     return list(results)
@@ -146,12 +179,15 @@ def allgather(tensor, comm, label=""):
         return tf.identity(tensor)
     ops = _native_ops(comm)
     if ops is not None:
-        return ops.kdist_allgather(tensor, comm=comm.fortran_handle, size=comm.size, label=label)
+        with in_order():
+            return ops.kdist_allgather(tensor, comm=comm.fortran_handle, size=comm.size,
+                                       label=label)
     if tf.executing_eagerly():
         return tf.convert_to_tensor(_python_collective(
             lambda a: comm.allgather_rows(a, label=label), tensor.numpy()))
-    result = tf.numpy_function(lambda a: comm.allgather_rows(a, label=label), [tensor],
-                               tensor.dtype, stateful=True, name="kdist_allgather")
+    with in_order():
+        result = tf.numpy_function(lambda a: comm.allgather_rows(a, label=label), [tensor],
+                                   tensor.dtype, stateful=True, name="kdist_allgather")
     result.set_shape(tf.TensorShape([None]).concatenate(tensor.shape[1:]))
     return result
 
@@ -165,7 +201,9 @@ def broadcast(tensor, comm, root=0, label=""):
         return tf.identity(tensor)
     ops = _native_ops(comm)
     if ops is not None:
-        return ops.kdist_broadcast(tensor, comm=comm.fortran_handle, root=int(root), label=label)
+        with in_order():
+            return ops.kdist_broadcast(tensor, comm=comm.fortran_handle, root=int(root),
+                                       label=label)
 
     def bcast(array):
         out = np.array(array, copy=True, order="C")
@@ -173,8 +211,9 @@ def broadcast(tensor, comm, root=0, label=""):
 
     if tf.executing_eagerly():
         return tf.convert_to_tensor(_python_collective(bcast, tensor.numpy()))
-    result = tf.numpy_function(bcast, [tensor], tensor.dtype, stateful=True,
-                               name="kdist_broadcast")
+    with in_order():
+        result = tf.numpy_function(bcast, [tensor], tensor.dtype, stateful=True,
+                                   name="kdist_broadcast")
     result.set_shape(tensor.shape)
     return result
 
@@ -196,8 +235,10 @@ def alltoall(tensor, splits, comm, label=""):
     if tf.executing_eagerly():
         received, counts = _python_collective(exchange, tensor.numpy(), splits.numpy())
         return tf.convert_to_tensor(received), tf.convert_to_tensor(counts)
-    received, counts = tf.numpy_function(exchange, [tensor, splits], [tensor.dtype, tf.int64],
-                                         stateful=True, name="kdist_alltoall")
+    with in_order():
+        received, counts = tf.numpy_function(exchange, [tensor, splits],
+                                             [tensor.dtype, tf.int64], stateful=True,
+                                             name="kdist_alltoall")
     received.set_shape(tf.TensorShape([None]).concatenate(tensor.shape[1:]))
     counts.set_shape([comm.size])
     return received, counts

@@ -515,11 +515,6 @@ def _check_keras3_optimizer(optimizer):
         f"got {kind.__name__}. Use one of keras.optimizers, e.g. keras.optimizers.Adam(...).")
 
 
-
-
-
-
-
 def _as_list(value):
     if value is None:
         return []
@@ -540,7 +535,6 @@ def _squared_norm(grads):
             grad = tf.convert_to_tensor(grad)
         total += tf.reduce_sum(tf.square(tf.cast(grad, tf.float32)))
     return total
-
 
 
 def _context_ref():
