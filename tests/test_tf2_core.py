@@ -46,6 +46,7 @@ def test_tf2_core_collectives_tape_and_errors_on_two_ranks(mpirun):
         # 10 * 0.25 truncates to 2 on each rank; (10 + 10) * 0.5 and (7 + 7) * 0.5 per row.
         assert out["int_scaled"] == [[4, -4], [10] if rank == 0 else [7]]
         assert out["fp16"] == ["float16", "float64"]
+        assert out["elastic_state"] == [[1.0, 1.0], 20, [1.0, 1.0], 20]
 
 
 def test_collectives_in_a_tensorflow_1_graph_run_in_the_order_they_were_built(mpirun):

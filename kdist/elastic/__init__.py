@@ -31,6 +31,7 @@ from kdist.elastic.state import (
     KerasState,
     ObjectState,
     State,
+    TensorFlowKerasState,
     TensorFlowState,
 )
 
@@ -46,6 +47,7 @@ __all__ = [
     "ObjectState",
     "RanksLost",
     "State",
+    "TensorFlowKerasState",
     "TensorFlowState",
     "UpdateBatchStateCallback",
     "UpdateEpochStateCallback",

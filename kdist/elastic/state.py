@@ -254,6 +254,17 @@ class TensorFlowState(ObjectState):
         self._save_variables()
 
 
+class TensorFlowKerasState(KerasState):
+    """Horovod's name for `KerasState` in its TensorFlow API; `backend` (TensorFlow 1's
+    Keras session) is accepted only as None."""
+
+    def __init__(self, model, optimizer=None, backend=None, **values):
+        if backend is not None:
+            raise ValueError("TensorFlowKerasState keeps a Keras 3 model; a TensorFlow 1 Keras "
+                             "backend is not supported: pass backend=None.")
+        super().__init__(model, optimizer, **values)
+
+
 def _assign(variables, values, what):
     variables = list(variables)
     if len(variables) != len(values):

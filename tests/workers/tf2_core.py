@@ -114,6 +114,16 @@ compressed, context = hvd.Compression.fp16.compress(tf.ones(2, tf.float64))
 out["fp16"] = [compressed.dtype.name,
                hvd.Compression.fp16.decompress(compressed, context).dtype.name]
 
+# Elastic state of a custom loop: synced from rank 0, restored to the last commit.
+variable = tf.Variable([float(rank + 1)] * 2)
+state = hvd.elastic.TensorFlowState([variable], batch=20 + rank)
+state.sync()
+synced = [variable.numpy().tolist(), state.batch]
+variable.assign([5.0, 5.0])
+state.batch = 21
+state.restore()
+out["elastic_state"] = synced + [variable.numpy().tolist(), state.batch]
+
 try:
     hvd.BroadcastGlobalVariablesHook
 except AttributeError as error:
