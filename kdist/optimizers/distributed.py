@@ -651,16 +651,7 @@ def PartialDistributedOptimizer(optimizer, name=None, device_dense="", device_sp
         >>> head = keras.layers.Dense(2)
         >>> opt = kdist.PartialDistributedOptimizer(keras.optimizers.SGD(0.1), local_layers=[head])
     """
-    if local_layers is None:
-        local_layers = []
-    elif isinstance(local_layers, keras.layers.Layer):
-        local_layers = [local_layers]
-    else:
-        local_layers = list(local_layers)
-        for layer in local_layers:
-            if not isinstance(layer, keras.layers.Layer):
-                raise TypeError("local_layers must be Keras layers; got "
-                                f"{type(layer).__name__}.")
+    local_layers = reduction_lib.local_layer_list(local_layers, error=TypeError)
     return _distributed(optimizer, name=name, compression=compression,
                         sparse_as_dense=sparse_as_dense,
                         gradient_predivide_factor=gradient_predivide_factor, op=op,

@@ -228,6 +228,22 @@ def local_paths(sources):
     return paths
 
 
+def local_layer_list(local_layers, error=TypeError):
+    """Horovod's `local_layers` (None, a layer or layers) as a list of Keras layers.
+
+    Anything else raises `error`: Horovod's optimizer raises TypeError, its tape ValueError.
+    """
+    if local_layers is None:
+        return []
+    if isinstance(local_layers, keras.layers.Layer):
+        return [local_layers]
+    layers = list(local_layers)
+    for layer in layers:
+        if not isinstance(layer, keras.layers.Layer):
+            raise error(f"local_layers must be Keras layers; got {type(layer).__name__}.")
+    return layers
+
+
 def divide(grad, size):
     import tensorflow as tf
 

@@ -21,7 +21,7 @@ import tensorflow as tf
 from kdist.comm import collectives
 from kdist.comm import fusion
 from kdist.comm.processes import Average
-from kdist.optimizers.reduction import GradientReduction, is_variable
+from kdist.optimizers.reduction import GradientReduction, is_variable, local_layer_list
 
 
 def _recording_state(tape):
@@ -144,18 +144,7 @@ def PartialDistributedGradientTape(gradtape, device_dense="", device_sparse="",
     With `scale_local_gradients` those gradients are divided by the number of
     ranks, as Horovod does; everything else is as in `DistributedGradientTape`.
     """
-    import keras
-
-    if local_layers is None:
-        local_layers = []
-    elif isinstance(local_layers, keras.layers.Layer):
-        local_layers = [local_layers]
-    else:
-        local_layers = list(local_layers)
-        for layer in local_layers:
-            if not isinstance(layer, keras.layers.Layer):
-                raise ValueError("All local layers must be Keras layers; got "
-                                 f"{type(layer).__name__}.")
+    local_layers = local_layer_list(local_layers, error=ValueError)
     tape = DistributedGradientTape(gradtape, device_dense, device_sparse, compression,
                                    sparse_as_dense, op, gradient_predivide_factor, num_groups,
                                    groups, process_set, scale_local_gradients, **kwargs)
