@@ -59,8 +59,10 @@ def test_uneven_batches_average_over_the_ranks_that_still_train(mpirun, uneven_r
     # which must not count); at the epoch's end rank 0 takes rank 1's state.
     # mixed_uneven: mixed_float16 and an overflow on rank 1 at step 4 as well.
     # native=0: the py-function engine, whose join protocol must match too.
+    # kdist's epoch-end agreement would join before the worker's first callback looks;
+    # off, the worker sees each rank's own steps (the agreement's case is the test below).
     job = mpirun("robust.py", n=2, args=[case], timeout=150,
-                 env={"KDIST_NATIVE_OPS": native})
+                 env={"KDIST_NATIVE_OPS": native, "KDIST_AGREEMENT": "0"})
     expected = uneven_reference[case]["after_step"]
     atol = 1e-4 if case == "mixed_uneven" else 1e-5
     rank0, rank1 = job.rank(0), job.rank(1)
@@ -78,6 +80,22 @@ def test_uneven_batches_average_over_the_ranks_that_still_train(mpirun, uneven_r
     # number in mixed_uneven, where the overflowing batch's loss counts too).
     np.testing.assert_allclose(rank0["loss"], rank1["loss"], rtol=0, atol=0)
     np.testing.assert_allclose(rank0["loss"], uneven_reference[case]["loss"], rtol=1e-5)
+
+
+def test_with_uneven_batches_every_epoch_end_callback_sees_the_synced_model(mpirun,
+                                                                             uneven_reference):
+    # With kdist's agreement (the default) the join and the copy from the last rank to
+    # join happen before any callback of the list, so a ModelCheckpoint on rank 0 saves
+    # the model every rank goes on from, not rank 0's, which missed rank 1's last steps.
+    job = mpirun("robust.py", n=2, args=["uneven"], timeout=150)
+    expected = uneven_reference["uneven"]["after_step"]
+    rank0, rank1 = job.rank(0), job.rank(1)
+    assert rank0["before_epoch_end"] == rank1["before_epoch_end"]
+    for epoch in range(2):
+        np.testing.assert_allclose(rank0["before_epoch_end"][epoch], expected[8 * epoch + 7],
+                                   atol=1e-5, rtol=0, err_msg=f"epoch {epoch + 1}")
+    assert rank0["weights"] == rank1["weights"]
+    np.testing.assert_allclose(rank0["loss"], uneven_reference["uneven"]["loss"], rtol=1e-5)
 
 
 def test_an_overflow_on_one_rank_makes_every_rank_skip_and_lower_the_scale(mpirun):

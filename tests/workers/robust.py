@@ -93,7 +93,9 @@ dataset = dataset.batch(LOCAL)
 
 
 class BeforeEpochEnd(keras.callbacks.Callback):
-    """This rank's weights at each epoch's end, before the callbacks below sync them."""
+    """This rank's weights at each epoch's end, as the first callback of the list sees them:
+    before the callbacks below sync them when kdist's agreement is off (KDIST_AGREEMENT=0),
+    after the agreement (which runs before every callback of the list) synced them when on."""
 
     def __init__(self):
         super().__init__()
