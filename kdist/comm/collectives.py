@@ -88,11 +88,12 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="", compressi
     if isinstance(tensor, tf.IndexedSlices):
         _check_sparse(op, prescale_factor, postscale_factor)
         return _allreduce_sparse(tensor, op, comm)
-    from kdist.comm import differentiable
+    from kdist.comm import differentiable, graph_ops
 
-    return differentiable.allreduce(tf.convert_to_tensor(tensor), op, comm, prescale_factor,
-                                    postscale_factor, _compression(compression),
-                                    label=name or "allreduce")
+    with graph_ops.separate_call():
+        return differentiable.allreduce(tf.convert_to_tensor(tensor), op, comm, prescale_factor,
+                                        postscale_factor, _compression(compression),
+                                        label=name or "allreduce")
 
 
 def _numpy_allreduce(array, op, comm, prescale, postscale, label):

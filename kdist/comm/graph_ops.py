@@ -12,11 +12,15 @@ Both follow the same wire protocol, so ranks agree whichever they use.
 """
 
 import contextlib
+import itertools
+import os
+import threading
 import weakref
 
 import numpy as np
 import tensorflow as tf
 from tensorflow.python.ops import control_flow_util
+from tensorflow.python.ops import control_flow_util_v2
 
 from kdist.comm import protocol
 from kdist.comm.communicator import protocol_op
@@ -63,8 +67,11 @@ def _python_collective(function, *args):
         raise TensorCollectiveMismatch(str(error)) from None
 
 
-# The last kdist collective op added to each TensorFlow 1 graph (see in_order).
+# The last kdist collective op added to each TensorFlow 1 graph, or the last
+# ordered one of each function graph (see in_order).
 _last_op = weakref.WeakKeyDictionary()
+# Each function graph's queued allreduces since its last ordered collective.
+_queued = weakref.WeakKeyDictionary()
 
 
 @contextlib.contextmanager
@@ -72,23 +79,88 @@ def in_order():
     """Makes the collective op built inside run after the previous one of its graph.
 
     Every rank must run collectives in the same order. Inside `tf.function`
-    TensorFlow runs stateful ops in program order already; a TensorFlow 1 graph
-    (`tf.compat.v1`, a `Session`) does not, and two collectives fetched in one
-    `Session.run` could run in another order on each rank. There each collective
-    is made to wait for the one built before it.
+    TensorFlow runs stateful ops in program order already, but not the queued
+    allreduces (`queued_allreduce`): an ordered collective waits for those built
+    before it, and those built after wait for it. A TensorFlow 1 graph
+    (`tf.compat.v1`, a `Session`) orders nothing, and two collectives fetched in
+    one `Session.run` could run in another order on each rank: there each
+    collective is made to wait for the one built before it.
     """
-    if tf.executing_eagerly() or tf.inside_function():
+    if tf.executing_eagerly():
         yield
         return
     graph = tf.compat.v1.get_default_graph()
+    if tf.inside_function():
+        queued = _queued.pop(graph, [])
+        before = len(graph.get_operations())
+        with tf.control_dependencies(queued):
+            yield
+        _remember_last_collective(graph, before)
+        return
     previous = _last_op.get(graph)
     before = len(graph.get_operations())
     with tf.control_dependencies([previous] if previous is not None else []):
         yield
+    _remember_last_collective(graph, before)
+
+
+def _remember_last_collective(graph, before):
     built = graph.get_operations()[before:]
     collectives = [op for op in built if op.type.startswith(("Kdist", "PyFunc", "EagerPyFunc"))]
     if collectives:
         _last_op[graph] = collectives[-1]
+
+
+_separate = threading.local()
+
+
+@contextlib.contextmanager
+def separate_call():
+    """Marks the allreduce built inside as one a user's code calls on its own
+    (`kdist.allreduce`), which the fusion queue may fuse with its neighbours.
+    kdist's own callers (optimizers, the tape, metrics) fuse already."""
+    previous = getattr(_separate, "on", False)
+    _separate.on = True
+    try:
+        yield
+    finally:
+        _separate.on = previous
+
+
+def fusion_enabled():
+    """Whether separate allreduces in a `tf.function` go through the fusion queue
+    (`KDIST_FUSION`, on unless set to 0)."""
+    return os.environ.get("KDIST_FUSION", "1").lower() not in ("0", "false", "no", "off")
+
+
+def _queueable(tensors):
+    """Whether these tensors' allreduce may go through the fusion queue.
+
+    Only one tensor at a time, from a separate call (see separate_call), inside a
+    `tf.function` (every rank runs the same graph, so node names match), not
+    under XLA (which runs a custom call in place) and not in a while loop's
+    body, where iterations may overlap and one node could be waiting twice.
+    """
+    if len(tensors) != 1 or not getattr(_separate, "on", False) or not fusion_enabled():
+        return False
+    if not tf.inside_function() or in_xla():
+        return False
+    return not control_flow_util_v2.in_while_loop_defun(tf.compat.v1.get_default_graph())
+
+
+_serials = itertools.count(1)
+
+
+def queued_allreduce(ops, tensor, comm, mpi_op, average, prescale, postscale):
+    """One tensor's allreduce through the C++ fusion queue (native/fusion.h)."""
+    graph = tf.compat.v1.get_default_graph()
+    previous = _last_op.get(graph)
+    with tf.control_dependencies([previous] if previous is not None else []):
+        result = ops.kdist_allreduce_async(tensor, comm=comm.fortran_handle, reduce_op=mpi_op,
+                                           average=bool(average), prescale=float(prescale),
+                                           postscale=float(postscale), serial=next(_serials))
+    _queued.setdefault(graph, []).append(result.op)
+    return result
 
 
 def in_xla():
@@ -139,6 +211,8 @@ def allreduce(tensors, comm, op="sum", average=False, prescale=1.0, postscale=1.
         return [t if factor == 1.0 else t * tf.cast(factor, dtype) for t in tensors]
     mpi_op = protocol_op(op)
     ops = _native_ops(comm)
+    if ops is not None and _queueable(tensors):
+        return [queued_allreduce(ops, tensors[0], comm, mpi_op, average, prescale, postscale)]
     if ops is not None:
         with in_order():
             return ops.kdist_allreduce(tensors, comm=comm.fortran_handle, reduce_op=mpi_op,

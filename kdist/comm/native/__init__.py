@@ -5,7 +5,9 @@ every step, and XLA cannot compile a py-function at all. `KdistAllreduce`,
 `KdistAllgather` and `KdistBroadcast` run kdist's collective engine
 (engine.cc, the same wire protocol as `kdist.comm.protocol`) inside the
 graph; xla.cc lowers them to XLA custom calls, so a train step compiled with
-`jit_compile=True` keeps its collectives.
+`jit_compile=True` keeps its collectives. `KdistAllreduceAsync` hands one
+tensor to the fusion queue (fusion.cc), which fuses separate allreduces that a
+`tf.function` issues close together.
 
 Both libraries are compiled once per TensorFlow and MPI installation with the
 MPI C++ compiler wrapper (`mpicxx`) into a cache directory (`KDIST_CACHE`, by
@@ -32,7 +34,7 @@ import time
 logger = logging.getLogger(__name__)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-OPS_SOURCES = ("engine.h", "engine.cc", "ops.cc")
+OPS_SOURCES = ("engine.h", "engine.cc", "fusion.h", "fusion.cc", "ops.cc")
 XLA_SOURCES = ("xla.cc", "shim/farmhash.h", "shim/highwayhash/arch_specific.h",
                "shim/highwayhash/hh_types.h", "shim/highwayhash/highwayhash.h")
 
@@ -98,8 +100,8 @@ def _build_ops(tf):
     key = _key(tf, compiler, flags, OPS_SOURCES)
     name = f"libkdist_ops_{key}.so"
     library = os.path.join(_cache_dir(), "ops", name)
-    _compile(library, [compiler, "-O3", "-shared", "-fPIC", "-w", "engine.cc", "ops.cc",
-                       f"-Wl,-soname,{name}"] + flags, "kdist's collective ops")
+    _compile(library, [compiler, "-O3", "-shared", "-fPIC", "-w", "engine.cc", "fusion.cc",
+                       "ops.cc", f"-Wl,-soname,{name}"] + flags, "kdist's collective ops")
     return library
 
 

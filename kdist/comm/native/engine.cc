@@ -28,7 +28,8 @@ namespace {
 constexpr int kHeaderSize = 6;
 
 // One collective at a time in this process: TensorFlow may call kernels from
-// several threads, and every rank must issue collectives in the same order.
+// several threads (and the fusion queue has its own), and every rank must
+// issue collectives in the same order.
 std::mutex g_collective_mutex;
 
 // What this process waits for, read by the watchdog thread.
@@ -454,11 +455,21 @@ Status Allreduce(MPI_Comm comm, const void* send, void* recv, int64_t count, int
   return AllreduceLocked(comm, send, recv, count, dtype, op, what);
 }
 
+std::mutex& CollectiveMutex() { return g_collective_mutex; }
+
 Status FusedAllreduce(MPI_Comm comm, int n, const void* const* in, void* const* out,
                       const int64_t* counts, int64_t dtype, int64_t op, bool average,
                       double prescale, double postscale, int64_t direct_bytes,
                       const std::string& what) {
   std::lock_guard<std::mutex> lock(g_collective_mutex);
+  return FusedAllreduceLocked(comm, n, in, out, counts, dtype, op, average, prescale, postscale,
+                              direct_bytes, what);
+}
+
+Status FusedAllreduceLocked(MPI_Comm comm, int n, const void* const* in, void* const* out,
+                            const int64_t* counts, int64_t dtype, int64_t op, bool average,
+                            double prescale, double postscale, int64_t direct_bytes,
+                            const std::string& what) {
   const int64_t element = ElementSize(dtype);
   std::vector<bool> direct(n);
   int64_t packed = 0;
@@ -556,6 +567,12 @@ Status Allgather(MPI_Comm comm, const void* send, int64_t rows, int64_t row_elem
                  int64_t dtype, const std::string& what,
                  const std::function<void*(int64_t)>& allocate) {
   std::lock_guard<std::mutex> lock(g_collective_mutex);
+  return AllgatherLocked(comm, send, rows, row_elements, dtype, what, allocate, nullptr);
+}
+
+Status AllgatherLocked(MPI_Comm comm, const void* send, int64_t rows, int64_t row_elements,
+                       int64_t dtype, const std::string& what,
+                       const std::function<void*(int64_t)>& allocate, int64_t* rank_rows) {
   const std::string description =
       "allgather of " + std::to_string(rows) + " rows of " + std::to_string(row_elements) +
       " " + DTypeName(dtype) + " values" + (what.empty() ? "" : " (" + what + ")");
@@ -569,6 +586,7 @@ Status Allgather(MPI_Comm comm, const void* send, int64_t rows, int64_t row_elem
   if (!status.ok) return status;
   int64_t total = 0;
   for (int r = 0; r < size; ++r) total += counts[r];
+  if (rank_rows != nullptr) std::copy(counts.begin(), counts.end(), rank_rows);
   void* recv = allocate(total);
   if (recv == nullptr) return Status::Error("kdist: could not allocate the gathered tensor");
   const int64_t row_bytes = row_elements * ElementSize(dtype);

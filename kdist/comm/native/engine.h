@@ -18,6 +18,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <mutex>
 #include <string>
 
 namespace kdist {
@@ -59,6 +60,9 @@ struct Status {
   static Status Error(std::string text) { return Status{false, std::move(text)}; }
 };
 
+// The number of ranks of `comm`.
+int CommSize(MPI_Comm comm);
+
 // Bytes per element of a dtype, or 0 if kdist does not move that type.
 int64_t ElementSize(int64_t dtype);
 const char* DTypeName(int64_t dtype);
@@ -79,12 +83,27 @@ Status FusedAllreduce(MPI_Comm comm, int n, const void* const* in, void* const* 
                       double prescale, double postscale, int64_t direct_bytes,
                       const std::string& what);
 
+// FusedAllreduce for a caller that holds CollectiveMutex().
+Status FusedAllreduceLocked(MPI_Comm comm, int n, const void* const* in, void* const* out,
+                            const int64_t* counts, int64_t dtype, int64_t op, bool average,
+                            double prescale, double postscale, int64_t direct_bytes,
+                            const std::string& what);
+
+// The lock every collective of this process holds while it runs.
+std::mutex& CollectiveMutex();
+
 // Gathers `rows` rows of `row_elements` elements from every rank, in rank
 // order; ranks may give different numbers of rows. `allocate(total_rows)`
 // returns where the result goes.
 Status Allgather(MPI_Comm comm, const void* send, int64_t rows, int64_t row_elements,
                  int64_t dtype, const std::string& what,
                  const std::function<void*(int64_t)>& allocate);
+
+// Allgather for a caller that holds CollectiveMutex(); with `rank_rows`, also
+// writes how many rows each rank gave (0 from a rank that has joined).
+Status AllgatherLocked(MPI_Comm comm, const void* send, int64_t rows, int64_t row_elements,
+                       int64_t dtype, const std::string& what,
+                       const std::function<void*(int64_t)>& allocate, int64_t* rank_rows);
 
 // Broadcasts `count` elements from `root` in place.
 Status Broadcast(MPI_Comm comm, void* buffer, int64_t count, int64_t dtype, int root,

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "engine.h"
+#include "fusion.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/shape_inference.h"
@@ -116,6 +117,89 @@ class KdistAllreduceOp : public OpKernel {
 };
 
 REGISTER_KERNEL_BUILDER(Name("KdistAllreduce").Device(DEVICE_CPU), KdistAllreduceOp);
+
+// One tensor's allreduce through the fusion queue (fusion.h): an asynchronous
+// kernel, and not stateful, so that TensorFlow starts every such op of a step
+// as soon as its tensor exists instead of one after another; the queue fuses
+// what arrives together. graph_ops only builds it inside a tf.function, where
+// every rank runs the same graph and node names match. `serial` differs for
+// each op built, so that TensorFlow never merges two of them into one: with
+// constants that differ between ranks, it could merge on one rank only.
+REGISTER_OP("KdistAllreduceAsync")
+    .Input("tensor: T")
+    .Output("reduced: T")
+    .Attr(kNumericTypes)
+    .Attr("comm: int")
+    .Attr("reduce_op: int = 1")
+    .Attr("average: bool = false")
+    .Attr("prescale: float = 1.0")
+    .Attr("postscale: float = 1.0")
+    .Attr("direct_bytes: int = 262144")
+    .Attr("serial: int = 0")
+    .SetShapeFn([](shape_inference::InferenceContext* c) {
+      c->set_output(0, c->input(0));
+      return OkStatus();
+    });
+
+class KdistAllreduceAsyncOp : public AsyncOpKernel {
+ public:
+  explicit KdistAllreduceAsyncOp(OpKernelConstruction* context) : AsyncOpKernel(context) {
+    comm_ = CommAttr(context);
+    DataType type;
+    OP_REQUIRES_OK(context, context->GetAttr("T", &type));
+    dtype_ = static_cast<int64_t>(type);
+    OP_REQUIRES_OK(context, context->GetAttr("reduce_op", &op_));
+    OP_REQUIRES_OK(context, context->GetAttr("average", &average_));
+    OP_REQUIRES_OK(context, context->GetAttr("prescale", &prescale_));
+    OP_REQUIRES_OK(context, context->GetAttr("postscale", &postscale_));
+    OP_REQUIRES_OK(context, context->GetAttr("direct_bytes", &direct_bytes_));
+    key_ = kdist::Hash(name().data(), name().size(), 0);
+    const int64_t settings[5] = {op_, average_ ? 1 : 0, static_cast<int64_t>(prescale_ * 1e6),
+                                 static_cast<int64_t>(postscale_ * 1e6), direct_bytes_};
+    settings_ = kdist::Hash(settings, sizeof(settings), 0);
+  }
+
+  void ComputeAsync(OpKernelContext* context, DoneCallback done) override {
+    const Tensor& input = context->input(0);
+    Tensor* output = nullptr;
+    OP_REQUIRES_OK_ASYNC(
+        context, context->forward_input_or_allocate_output({0}, 0, input.shape(), &output),
+        done);
+    kdist::FusionRequest request;
+    request.name = name();
+    request.key = key_;
+    std::vector<int64_t> dims(input.dims());
+    for (int i = 0; i < input.dims(); ++i) dims[i] = input.dim_size(i);
+    request.form = kdist::Hash(dims.data(), dims.size() * sizeof(int64_t), settings_);
+    request.dtype = dtype_;
+    request.count = input.NumElements();
+    request.op = op_;
+    request.average = average_;
+    request.prescale = prescale_;
+    request.postscale = postscale_;
+    request.direct_bytes = direct_bytes_;
+    request.in = input.data();
+    request.out = output->data();
+    request.done = [context, done](const kdist::Status& status) {
+      if (!status.ok) context->SetStatus(ToTensorFlow(status));
+      done();
+    };
+    kdist::EnqueueAllreduce(comm_, std::move(request));
+  }
+
+ private:
+  MPI_Comm comm_;
+  int64_t dtype_ = 1;
+  int64_t op_ = 1;
+  bool average_ = false;
+  float prescale_ = 1.0f;
+  float postscale_ = 1.0f;
+  int64_t direct_bytes_ = 262144;
+  int64_t key_ = 0;
+  int64_t settings_ = 0;
+};
+
+REGISTER_KERNEL_BUILDER(Name("KdistAllreduceAsync").Device(DEVICE_CPU), KdistAllreduceAsyncOp);
 
 REGISTER_OP("KdistAllgather")
     .Input("tensor: T")
