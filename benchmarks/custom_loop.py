@@ -4,12 +4,15 @@
         [--steps 100] [--rounds 3]
 
 The same `tf.function` train step of an MLP with `--layers` hidden Dense
-layers (2 variables each) is run in four ways, interleaved step by step so
+layers (2 variables each) is run in five ways, interleaved step by step so
 that whatever else the machine does touches all alike:
 
 - `local`: the tape's own gradients, no communication (the compute floor);
 - `per_tensor`: `[kdist.allreduce(g) for g in grads]`, a port of Horovod code
-  written for Horovod's background fusion: one announced collective each;
+  written for Horovod's background fusion: kdist's fusion queue collects the
+  separate allreduces and fuses those every rank has ready;
+- `per_tensor_unfused`: the same with the queue off (`KDIST_FUSION=0` while it
+  is traced): one announced collective each;
 - `grouped`: `kdist.grouped_allreduce(grads)`;
 - `tape`: `kdist.DistributedGradientTape`, which fuses like `DistributedOptimizer`.
 
@@ -20,6 +23,7 @@ Rank 0 prints one JSON object.
 
 import argparse
 import json
+import os
 import time
 
 import numpy as np
@@ -45,7 +49,9 @@ def main():
     x = tf.constant(rng.normal(size=(64, args.width)).astype("float32"))
     y = tf.constant(rng.integers(0, 10, 64))
 
-    def step(reduce):
+    def step(way):
+        reduce = "per_tensor" if way == "per_tensor_unfused" else way
+
         @tf.function
         def run():
             with tf.GradientTape() as tape:
@@ -60,11 +66,17 @@ def main():
             return tf.add_n([tf.reduce_sum(g) for g in grads])
         return run
 
-    ways = ["local", "per_tensor", "grouped", "tape"]
+    ways = ["local", "per_tensor", "per_tensor_unfused", "grouped", "tape"]
     steps = {way: step(way) for way in ways}
-    for way in ways:  # trace and warm up
+    chosen = os.environ.get("KDIST_FUSION")
+    for way in ways:  # trace (the queue is chosen then) and warm up
+        os.environ["KDIST_FUSION"] = "0" if way == "per_tensor_unfused" else "1"
         for _ in range(3):
             steps[way]()
+    if chosen is None:
+        os.environ.pop("KDIST_FUSION")
+    else:
+        os.environ["KDIST_FUSION"] = chosen
     medians = {way: [] for way in ways}
     for _ in range(args.rounds):
         times = {way: [] for way in ways}

@@ -57,3 +57,39 @@ def test_collectives_in_a_tensorflow_1_graph_run_in_the_order_they_were_built(mp
         out = job.rank(rank)
         assert out["native"] is True  # the C++ ops loaded although first used in a graph
         assert out["runs"] == [[[3.0]] * 5 + [3, rank, 2]] * 10
+
+
+def test_separate_allreduces_in_a_function_are_fused_and_reduce_correctly(mpirun):
+    job = mpirun("fusion.py", n=2)
+    fused = job.rank(0)["fused"]
+    # Three runs of 20 separate allreduces: every tensor reduced once, and the float32
+    # ones of one reduction travel together (8 tensors in one message), not one by one.
+    assert sum(fused) == 60 and max(fused) > 1
+    assert job.rank(0)["unfused"] == []  # KDIST_FUSION=0 when the function was traced
+    for rank in (0, 1):
+        out = job.rank(rank)
+        expected_sums = [[3.0 * (i + 1)] * 2 for i in range(8)] + [[3, 30], [1.5]]
+        assert out["sums"] == out["unfused_sums"] == expected_sums
+        # Floats average; integers average as Horovod's do, truncated: (1 + 2) // 2 = 1.
+        assert out["averages"] == [[1.5 * (i + 1)] * 2 for i in range(8)] + [[1, 15], [0.75]]
+        # average, allgather between, a reduction of a reduction, scaling, Min, Max, and
+        # a constant input.
+        assert out["mixed"] == [[1.5], [1.0, 2.0], [6.0], [3.0], [1.0], [2.0], [5.5]]
+        # [2, 3] against [3, 2]: the same count in other shapes fails on both ranks, and
+        # the ranks go on together.
+        assert out["mismatch"] == ["FailedPreconditionError", True]
+        assert out["after_mismatch"] == [3.0, 3.0]
+        assert out["looped"] == [8.0]
+        assert out["last_joined"] == 0
+    # Rank 1 ran out of data after two steps and joined: rank 0 averaged its own alone.
+    assert job.rank(0)["uneven"] == [[1.5, 15.0]] * 2 + [[1.0, 10.0]] * 2
+    assert job.rank(1)["uneven"] == [[1.5, 15.0]] * 2
+
+
+def test_allreduces_no_other_rank_runs_fail_on_each_rank_after_the_deadlock_timeout(mpirun):
+    job = mpirun("fusion.py", n=2, args=["stalled"], env={"KDIST_DEADLOCK_TIMEOUT": "4"})
+    for rank in (0, 1):
+        kind, message = job.rank(rank)["error"]
+        assert kind == "FailedPreconditionError"
+        assert f"only_on_rank_{rank}/" in message and "KDIST_DEADLOCK_TIMEOUT" in message
+        assert f"rank {1 - rank} waits for 1 allreduce(s) of its own" in message
