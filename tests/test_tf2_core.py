@@ -79,6 +79,9 @@ def test_separate_allreduces_in_a_function_are_fused_and_reduce_correctly(mpirun
         # the ranks go on together.
         assert out["mismatch"] == ["FailedPreconditionError", True]
         assert out["after_mismatch"] == [3.0, 3.0]
+        # Eagerly too, where the header carries a key of the shapes; the report shows them.
+        assert out["eager_mismatch"] == [["FailedPreconditionError", True],
+                                         ["CollectiveMismatch", True]]
         assert out["looped"] == [8.0]
         assert out["last_joined"] == 0
     # Rank 1 ran out of data after two steps and joined: rank 0 averaged its own alone.

@@ -158,13 +158,19 @@ class Communicator:
             result = self.allreduce_many([array], average=True, label=label)[0]
             np.copyto(array, result.reshape(array.shape))
             return array
-        self._allreduce_flat(array.reshape(-1), protocol_op(op), label)
+        self._allreduce_flat(array.reshape(-1), protocol_op(op), label, (array.shape,))
         return array
 
-    def _allreduce_flat(self, flat, op, label):
+    def _allreduce_flat(self, flat, op, label, shapes):
+        """Reduces `flat`, which packs arrays of `shapes`, announcing their shapes' key."""
         dtype = protocol.dtype_code(flat.dtype)
+        shapes = tuple(tuple(int(d) for d in shape) for shape in shapes)
+        named = [list(shape) for shape in shapes[:8]]
+        described = f"{label + ', ' if label else ''}shapes {named}" + (
+            " ..." if len(shapes) > 8 else "")
         with self.lock:
-            self._announce(protocol.ALLREDUCE, dtype, op, flat.size, label=label)
+            self._announce(protocol.ALLREDUCE, dtype, op, flat.size,
+                           protocol.shapes_key(shapes), label=described)
             what = protocol.describe(protocol.ALLREDUCE, dtype, op, flat.size, label=label)
             with watchdog.waiting(what, watchdog.MOVING), \
                     timeline.span("allreduce", what, flat.nbytes):
@@ -206,7 +212,8 @@ class Communicator:
             if average:
                 packed[-1] = 1
             if self._comm is not None:
-                self._allreduce_flat(packed, protocol_op(op), label)
+                self._allreduce_flat(packed, protocol_op(op), label,
+                                     tuple(a.shape for a in arrays))
             factor = postscale
             if average:
                 contributors = float(packed[-1])

@@ -16,7 +16,9 @@ the active ranks are about to do and whether they agree:
 kdist/comm/native/engine.cc implements the same protocol in C++ for the ops
 that run inside TensorFlow graphs and XLA programs. The payload of each kind:
 
-- ALLREDUCE: `MPI_Allreduce` of `count` elements;
+- ALLREDUCE: `MPI_Allreduce` of `count` elements; `root` is a key of the shapes
+  of the tensors packed in the message (`shapes_key`; 0 under XLA), so tensors of
+  the same size in other shapes are a mismatch too;
 - ALLGATHER: `MPI_Allgather` of each rank's row count (int64), then
   `MPI_Allgatherv` of bytes (`count` is the number of elements per row);
 - BROADCAST: `MPI_Bcast` of `count` elements from `root`;
@@ -90,6 +92,29 @@ def numpy_dtype(code):
 
         return np.dtype(ml_dtypes.bfloat16)
     return np.dtype(name)
+
+
+_MASK_64 = (1 << 64) - 1
+
+
+def _hash_values(values, seed):
+    """64-bit FNV-1a over little-endian int64 values, kept to 62 bits (engine.cc's)."""
+    digest = (seed & _MASK_64) ^ 14695981039346656037
+    for value in values:
+        value &= _MASK_64
+        for byte in range(8):
+            digest ^= (value >> (8 * byte)) & 0xFF
+            digest = (digest * 1099511628211) & _MASK_64
+    return digest & ((1 << 62) - 1)
+
+
+@functools.lru_cache(maxsize=4096)
+def shapes_key(shapes):
+    """The key of the shapes one allreduce message carries (a tuple of shape tuples),
+    announced in the header's `root` field, so that tensors of the same size in other
+    shapes fail as a mismatch. The C++ engine computes the same keys."""
+    keys = [_hash_values(shape, len(shape)) for shape in shapes]
+    return _hash_values(keys, len(keys))
 
 
 def describe(kind, dtype=0, op=0, count=0, root=0, label=""):

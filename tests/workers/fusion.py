@@ -126,6 +126,17 @@ except tf.errors.FailedPreconditionError as error:
     out["mismatch"] = ["FailedPreconditionError", "not running the same collective" in str(error)]
 out["after_mismatch"] = separate(values)[0][0].numpy().ravel().tolist()[:2]
 
+# The same, eagerly (the C++ op) and on numpy arrays (in Python): Horovod's
+# [17, 1311] against [17, 23, 57].
+eager_errors = []
+for make in (tf.constant, np.asarray):
+    try:
+        kdist.allreduce(make(np.ones((17, 1311) if rank == 0 else (17, 23, 57), np.float32)))
+        eager_errors.append(None)
+    except Exception as error:  # noqa: BLE001 - the class is what is checked
+        eager_errors.append([type(error).__name__, "[17, 23, 57]" in str(error)])
+out["eager_mismatch"] = eager_errors
+
 
 # Inside a while loop the allreduce runs in place (iterations may overlap).
 @tf.function

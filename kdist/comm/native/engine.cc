@@ -359,12 +359,12 @@ std::string Describe(const char* kind, int64_t count, int64_t dtype, const std::
 // multiplied by g_scaled_sum_factor as it is combined.
 Status AllreduceLocked(MPI_Comm comm, const void* send, void* recv, int64_t count,
                        int64_t dtype, int64_t op, const std::string& what,
-                       bool scaled_sum = false) {
+                       bool scaled_sum = false, int64_t shapes_key = 0) {
   Status status = CheckCount(count, what);
   if (!status.ok) return status;
   const std::string description =
       Describe((std::string("allreduce (") + OpName(op) + ")").c_str(), count, dtype, what);
-  status = Announce(comm, kAllreduce, dtype, op, count, 0, description);
+  status = Announce(comm, kAllreduce, dtype, op, count, shapes_key, description);
   if (!status.ok) return status;
   WaitScope waiting(description + ", moving data");
   Span span("allreduce", description, count * ElementSize(dtype));
@@ -457,19 +457,41 @@ Status Allreduce(MPI_Comm comm, const void* send, void* recv, int64_t count, int
 
 std::mutex& CollectiveMutex() { return g_collective_mutex; }
 
+namespace {
+
+// 64-bit FNV-1a over little-endian int64 values, from `seed`; kept to 62 bits so
+// that no key is the value a joined rank announces.
+int64_t HashValues(const int64_t* values, int64_t n, int64_t seed) {
+  uint64_t hash = static_cast<uint64_t>(seed) ^ 14695981039346656037ULL;
+  for (int64_t i = 0; i < n; ++i) {
+    const uint64_t value = static_cast<uint64_t>(values[i]);
+    for (int byte = 0; byte < 8; ++byte) {
+      hash ^= (value >> (8 * byte)) & 0xff;
+      hash *= 1099511628211ULL;
+    }
+  }
+  return static_cast<int64_t>(hash & ((uint64_t{1} << 62) - 1));
+}
+
+}  // namespace
+
+int64_t ShapeKey(const int64_t* dims, int64_t ndims) { return HashValues(dims, ndims, ndims); }
+
+int64_t ShapesKey(const int64_t* keys, int64_t n) { return HashValues(keys, n, n); }
+
 Status FusedAllreduce(MPI_Comm comm, int n, const void* const* in, void* const* out,
                       const int64_t* counts, int64_t dtype, int64_t op, bool average,
                       double prescale, double postscale, int64_t direct_bytes,
-                      const std::string& what) {
+                      const std::string& what, const int64_t* shape_keys) {
   std::lock_guard<std::mutex> lock(g_collective_mutex);
   return FusedAllreduceLocked(comm, n, in, out, counts, dtype, op, average, prescale, postscale,
-                              direct_bytes, what);
+                              direct_bytes, what, shape_keys);
 }
 
 Status FusedAllreduceLocked(MPI_Comm comm, int n, const void* const* in, void* const* out,
                             const int64_t* counts, int64_t dtype, int64_t op, bool average,
                             double prescale, double postscale, int64_t direct_bytes,
-                            const std::string& what) {
+                            const std::string& what, const int64_t* shape_keys) {
   const int64_t element = ElementSize(dtype);
   std::vector<bool> direct(n);
   int64_t packed = 0;
@@ -497,9 +519,17 @@ Status FusedAllreduceLocked(MPI_Comm comm, int n, const void* const* in, void* c
   }
   if (average) SetOne(dtype, at);
   double factor = postscale;
+  int64_t packed_key = 0;
+  if (shape_keys != nullptr) {
+    std::vector<int64_t> keys;
+    for (int i = 0; i < n; ++i) {
+      if (!direct[i]) keys.push_back(shape_keys[i]);
+    }
+    packed_key = ShapesKey(keys.data(), static_cast<int64_t>(keys.size()));
+  }
   if (packed + extra > 0) {
     Status status = AllreduceLocked(comm, buffer.data(), buffer.data(), packed + extra, dtype,
-                                    op, what + ", packed");
+                                    op, what + ", packed", false, packed_key);
     if (!status.ok) return status;
     if (average) {
       // The count of ranks that trained; joined ranks sent 0.
@@ -533,8 +563,9 @@ Status FusedAllreduceLocked(MPI_Comm comm, int n, const void* const* in, void* c
       ScaleElements(dtype, in[i], out[i], counts[i], before);
       source = out[i];
     }
+    const int64_t key = shape_keys == nullptr ? 0 : ShapesKey(&shape_keys[i], 1);
     Status status = AllreduceLocked(comm, source, out[i], counts[i], dtype, op,
-                                    what + ", tensor " + std::to_string(i), combine_scaled);
+                                    what + ", tensor " + std::to_string(i), combine_scaled, key);
     if (!status.ok) return status;
     if (after != 1.0) {
       Span span("scale", what, counts[i] * element);

@@ -4,6 +4,7 @@
 // Every collective is announced before it moves data. The announcement (the
 // "header") is an MPI_MAX allreduce of six int64 values and their negations:
 //   [active, kind, dtype, op, count, root]
+// (for an allreduce, `root` carries a key of the tensors' shapes: ShapesKey)
 // from every rank that takes part (a rank that has joined sends INT64_MIN
 // everywhere). The maxima and minima tell each rank what the active ranks are
 // about to do and whether they agree. When they disagree, every rank sees it
@@ -73,21 +74,30 @@ bool IsFloating(int64_t dtype);
 Status Allreduce(MPI_Comm comm, const void* send, void* recv, int64_t count, int64_t dtype,
                  int64_t op, const std::string& what);
 
+// A key for a tensor's shape (`ndims` dimensions), and one for the shapes of
+// the tensors one message carries (`keys` of `n` tensors). An allreduce
+// announces it in the header's `root` field (0: shapes not known, under XLA),
+// so that tensors of the same size in other shapes fail as a mismatch instead
+// of being reduced as flat data. kdist/comm/protocol.py computes the same keys.
+int64_t ShapeKey(const int64_t* dims, int64_t ndims);
+int64_t ShapesKey(const int64_t* keys, int64_t n);
+
 // Reduces several buffers of one dtype: buffers smaller than `direct_bytes`
 // travel packed in one message, larger ones on their own. With `average`, the
 // packed message carries one more element, 1 from every rank that trains,
 // and results are divided by that count, so ranks that joined (sending zeros)
 // do not bias the mean. out = reduce(in * prescale) * postscale [/ count].
+// `shape_keys`: each tensor's ShapeKey, or null.
 Status FusedAllreduce(MPI_Comm comm, int n, const void* const* in, void* const* out,
                       const int64_t* counts, int64_t dtype, int64_t op, bool average,
                       double prescale, double postscale, int64_t direct_bytes,
-                      const std::string& what);
+                      const std::string& what, const int64_t* shape_keys = nullptr);
 
 // FusedAllreduce for a caller that holds CollectiveMutex().
 Status FusedAllreduceLocked(MPI_Comm comm, int n, const void* const* in, void* const* out,
                             const int64_t* counts, int64_t dtype, int64_t op, bool average,
                             double prescale, double postscale, int64_t direct_bytes,
-                            const std::string& what);
+                            const std::string& what, const int64_t* shape_keys = nullptr);
 
 // The lock every collective of this process holds while it runs.
 std::mutex& CollectiveMutex();

@@ -79,9 +79,12 @@ class KdistAllreduceOp : public OpKernel {
     const int n = context->num_inputs();
     std::vector<const void*> in(n);
     std::vector<void*> out(n);
-    std::vector<int64_t> counts(n);
+    std::vector<int64_t> counts(n), shape_keys(n);
+    std::vector<std::vector<int64_t>> shapes(n);
     for (int i = 0; i < n; ++i) {
       const Tensor& input = context->input(i);
+      for (int d = 0; d < input.dims(); ++d) shapes[i].push_back(input.dim_size(d));
+      shape_keys[i] = kdist::ShapeKey(shapes[i].data(), input.dims());
       Tensor* output = nullptr;
       // A tensor nobody else holds is reduced in its own buffer.
       OP_REQUIRES_OK(context,
@@ -92,18 +95,22 @@ class KdistAllreduceOp : public OpKernel {
     }
     kdist::Status status = kdist::FusedAllreduce(
         comm_, n, in.data(), out.data(), counts.data(), dtype_, op_, average_, prescale_,
-        postscale_, direct_bytes_, Label(counts));
+        postscale_, direct_bytes_, Label(shapes), shape_keys.data());
     OP_REQUIRES(context, status.ok, ToTensorFlow(status));
   }
 
  private:
-  std::string Label(const std::vector<int64_t>& counts) const {
+  std::string Label(const std::vector<std::vector<int64_t>>& shapes) const {
     std::string text = label_.empty() ? std::string("allreduce") : label_;
-    text += ", " + std::to_string(counts.size()) + " tensor(s) of sizes [";
-    for (size_t i = 0; i < counts.size() && i < 8; ++i) {
-      text += (i ? ", " : "") + std::to_string(counts[i]);
+    text += ", " + std::to_string(shapes.size()) + " tensor(s) of shapes [";
+    for (size_t i = 0; i < shapes.size() && i < 8; ++i) {
+      text += i ? ", [" : "[";
+      for (size_t d = 0; d < shapes[i].size(); ++d) {
+        text += (d ? ", " : "") + std::to_string(shapes[i][d]);
+      }
+      text += "]";
     }
-    return text + (counts.size() > 8 ? ", ...]" : "]");
+    return text + (shapes.size() > 8 ? ", ...]" : "]");
   }
 
   MPI_Comm comm_;
