@@ -107,8 +107,11 @@ def main(argv):
                  if v in os.environ), "0")
     # So that an elastic job can start its replacements through this wrapper too.
     env = dict(os.environ, KDIST_PREFIXER=os.path.abspath(__file__))
+    # close_fds=False: the command inherits what the launcher handed this
+    # process (MPICH's Hydra and srun's PMI-2 pass a socket in PMI_FD); the
+    # descriptors Python opened itself are not inheritable anyway.
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               env=env)
+                               env=env, close_fds=False)
     tag = b"" if rank == "0" else f"[{rank}] ".encode()
     relay(process.stdout.fileno(), tag, sys.stdout.buffer, drop=quiet(),
           plain=os.environ.get("KDIST_TTY") == "0")

@@ -68,7 +68,9 @@ def mpiexec_command(nprocs, command, mpiexec=None, extra=(), fault_tolerant=Fals
             # Containers and CI often run as root; Open MPI refuses that unless told.
             env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
             env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-        if nprocs > (os.cpu_count() or 1) and "--oversubscribe" not in extra:
+        if (nprocs > (os.cpu_count() or 1) and "--oversubscribe" not in extra
+                and not places_ranks_elsewhere(extra, env)):
+            # Only on this machine: on a cluster it would hide a slot miscount.
             argv.append("--oversubscribe")
         if fault_tolerant:
             argv += FAULT_TOLERANCE_ARGS
@@ -83,6 +85,21 @@ def mpiexec_command(nprocs, command, mpiexec=None, extra=(), fault_tolerant=Fals
     return argv + list(command), env
 
 
+HOST_FLAGS = ("-H", "-host", "--host", "-hostfile", "--hostfile", "-machinefile",
+              "--machinefile", "-f")
+
+
+def places_ranks_elsewhere(extra, environ=None):
+    """Whether ranks may run on other machines: the launcher arguments `extra` name
+    hosts or a host file, or the job runs in an allocation of several nodes."""
+    environ = os.environ if environ is None else environ
+    for arg in extra:
+        if arg in HOST_FLAGS or arg.startswith(("--host=", "--hostfile=", "-H=")):
+            return True
+    nodes = environ.get("SLURM_JOB_NUM_NODES") or environ.get("SLURM_NNODES") or "1"
+    return (nodes.isdigit() and int(nodes) > 1) or "PBS_NODEFILE" in environ
+
+
 def _user_command(args, verb):
     """The argv each rank or worker runs: a script with this Python, or a raw command."""
     command = list(args.command)
@@ -95,6 +112,10 @@ def _user_command(args, verb):
         if not os.path.exists(command[0]):
             raise SystemExit(f"kdist {verb}: no such script: {command[0]}")
         command = [sys.executable, "-u"] + command
+    elif os.sep not in command[0]:
+        # Resolved here: a launcher starting it on another node may not search
+        # this shell's PATH there (Open MPI's remote agent does not).
+        command[0] = shutil.which(command[0]) or command[0]
     return command
 
 
@@ -119,7 +140,7 @@ def _run(args, verb="run"):
                    "--"] + command
     extra = shlex.split(args.mpi_args)
     cores = os.cpu_count() or 1
-    elsewhere = any(flag in args.mpi_args for flag in ("-host", "--host", "hostfile", "-H "))
+    elsewhere = places_ranks_elsewhere(extra)
     if elastic:
         # Passed on to ranks on other nodes too.
         extra = ["-x", "KDIST_ELASTIC_MIN_NP", "-x", "KDIST_ELASTIC_MAX_NP"] + extra
@@ -216,7 +237,34 @@ def collect_info():
         info["mpi_library"] = library["library"]
         info["mpi_thread_multiple"] = kdist.mpi_threads_supported()
     info["mpiexec"] = find_mpiexec()
+    info["launcher"] = launcher_name()
     return info
+
+
+def launcher_name(environ=None):
+    """What started this process: "srun", "mpiexec (Open MPI)", "mpiexec (Hydra)",
+    another launcher's PMI ("mpiexec"), or "none"."""
+    environ = os.environ if environ is None else environ
+    if "OMPI_COMM_WORLD_RANK" in environ:
+        return "mpiexec (Open MPI)"
+    if "SLURM_STEP_ID" in environ and ("PMIX_RANK" in environ or "PMI_RANK" in environ
+                                       or "PMI_FD" in environ):
+        return "srun"
+    if any(name in environ for name in ("HYDI_CONTROL_FD", "HYDRA_CONTROL_FD")) or (
+            "PMI_RANK" in environ and "MPIEXEC_HOSTNAME" in environ):
+        return "mpiexec (Hydra)"
+    if any(name in environ for name in ("PMI_RANK", "PMIX_RANK")):
+        return "mpiexec"
+    return "none"
+
+
+def _binding_hint(launcher):
+    """How to bind ranks to cores with the launcher that started them."""
+    if launcher == "srun":
+        return "srun's --cpu-bind=cores"
+    if launcher == "mpiexec (Hydra)":
+        return "--mpi-args \"-bind-to core\" (Hydra's flag)"
+    return "--mpi-args \"--bind-to core\""
 
 
 def _info(args):
@@ -230,7 +278,8 @@ def _info(args):
         print(json.dumps(everyone if len(everyone) > 1 else info, indent=2))
         return 0
     shared = ("kdist", "python", "tensorflow", "keras", "numpy", "mpi4py", "mpi_library",
-              "mpi_thread_multiple", "mpiexec", "launched_by_mpi", "size", "strategy")
+              "mpi_thread_multiple", "mpiexec", "launcher", "launched_by_mpi", "size",
+              "strategy")
     for key in shared:
         if key in info:
             print(f"{key:>22}: {info[key]}")
@@ -268,7 +317,7 @@ def placement_advice(everyone):
             advice.append(
                 f"the {len(ranks)} ranks on {host} are not bound to cores (each may run "
                 "anywhere): the scheduler may move them, and step times vary more. Bind "
-                "them with --mpi-args \"--bind-to core\" to compare.")
+                f"them with {_binding_hint(ranks[0].get('launcher'))} to compare.")
         elif any(a & b for i, a in enumerate(sets) for b in sets[i + 1:]):
             advice.append(f"ranks on {host} are bound to overlapping cores, so they compete "
                           "for them.")

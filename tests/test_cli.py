@@ -27,6 +27,36 @@ def test_mpiexec_command_adds_what_the_machine_needs(mpiexec_path):
     assert args.mpi_args == "--bind-to none" and args.command == ["train.py", "--epochs", "3"]
 
 
+def test_oversubscribe_only_when_every_rank_runs_on_this_machine(mpiexec_path):
+    for hosts in (["-H", "a:32,b:32"], ["--hostfile", "hosts.txt"], ["--host=a,b"]):
+        argv, _ = cli.mpiexec_command(64, ["python", "x.py"], mpiexec=mpiexec_path,
+                                      extra=hosts)
+        assert "--oversubscribe" not in argv, hosts
+    assert cli.places_ranks_elsewhere([], {"SLURM_JOB_NUM_NODES": "4"})
+    assert not cli.places_ranks_elsewhere(["--bind-to", "core"], {"SLURM_JOB_NUM_NODES": "1"})
+
+
+def test_a_raw_command_is_resolved_where_kdist_run_is_called(tmp_path, monkeypatch):
+    tool = tmp_path / "mytool"
+    tool.write_text("#!/bin/sh\n")
+    tool.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    args = cli.build_parser().parse_args(["run", "-n", "2", "--", "mytool", "--flag"])
+    assert cli._user_command(args, "run") == [str(tool), "--flag"]
+    args = cli.build_parser().parse_args(["run", "-n", "2", "--", "no-such-tool-here"])
+    assert cli._user_command(args, "run") == ["no-such-tool-here"]  # the launcher says why
+
+
+def test_the_launcher_is_told_from_its_environment():
+    assert cli.launcher_name({"OMPI_COMM_WORLD_RANK": "0", "SLURM_STEP_ID": "0"}) == \
+        "mpiexec (Open MPI)"
+    assert cli.launcher_name({"SLURM_STEP_ID": "0", "PMIX_RANK": "1"}) == "srun"
+    assert cli.launcher_name({"SLURM_STEP_ID": "0", "PMI_FD": "5", "PMI_RANK": "1"}) == "srun"
+    assert cli.launcher_name({"HYDI_CONTROL_FD": "7", "PMI_FD": "5", "PMI_RANK": "1"}) == \
+        "mpiexec (Hydra)"
+    assert cli.launcher_name({}) == "none"
+
+
 def test_fault_tolerant_runs_turn_on_open_mpi_ulfm_with_a_quick_detector(mpiexec_path):
     argv, _ = cli.mpiexec_command(2, ["python", "x.py"], mpiexec=mpiexec_path,
                                   fault_tolerant=True)
@@ -98,6 +128,13 @@ def test_info_says_when_ranks_share_cores_or_are_unbound():
     threaded = [_rank(0, core_set=[0], threads=2), _rank(1, core_set=[1], threads=2)]
     assert any("rank 0 runs 2 intra-op thread(s)" in line
                for line in placement_advice(threaded))
+    # The binding hint speaks the launcher's language.
+    hints = {launcher: next(line for line in placement_advice(
+        [dict(r, launcher=launcher) for r in unbound]) if "not bound" in line)
+        for launcher in ("srun", "mpiexec (Hydra)", "mpiexec (Open MPI)")}
+    assert "--cpu-bind=cores" in hints["srun"]
+    assert '"-bind-to core"' in hints["mpiexec (Hydra)"]
+    assert '"--bind-to core"' in hints["mpiexec (Open MPI)"]
     # Two hosts of two cores each, a rank per core: nothing to say.
     spread = [_rank(0, "a", core_set=[0]), _rank(1, "a", core_set=[1]),
               _rank(2, "b", core_set=[0]), _rank(3, "b", core_set=[1])]
@@ -195,3 +232,21 @@ def test_docs_without_mkdocs_says_which_extra_to_install(monkeypatch):
     monkeypatch.setattr(cli, "_docs_tools_missing", lambda: ["mkdocs"])
     with pytest.raises(SystemExit, match=r'pip install "kdist\[docs\]"'):
         cli.main(["docs"])
+
+
+def test_the_rank_wrapper_passes_on_descriptors_the_launcher_handed_down():
+    # MPICH's Hydra (and srun's PMI-2) give each rank its PMI socket as an inherited
+    # descriptor named in PMI_FD; the rank must still have it behind kdist's wrapper.
+    from kdist import _prefix
+
+    read, write = os.pipe()
+    os.set_inheritable(write, True)
+    try:
+        probe = "import os; os.fstat(int(os.environ['PMI_FD'])); print('descriptor open')"
+        done = subprocess.run([sys.executable, _prefix.__file__, "--", sys.executable, "-c",
+                               probe], env=dict(os.environ, PMI_FD=str(write)),
+                              capture_output=True, text=True, timeout=60, pass_fds=(write,))
+    finally:
+        os.close(read)
+        os.close(write)
+    assert done.returncode == 0 and "descriptor open" in done.stdout, done.stdout

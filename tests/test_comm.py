@@ -186,10 +186,16 @@ def test_mpi_without_thread_support_is_refused_and_serialized_is_warned(monkeypa
     assert processes._check_thread_level() == FakeMPI.THREAD_MULTIPLE
 
 
-def test_srun_with_a_mismatched_pmi_plugin_is_refused():
+def test_srun_with_a_mismatched_pmi_plugin_is_refused(monkeypatch):
     srun = {"SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": "4"}
-    with pytest.raises(RuntimeError, match="--mpi=pmix"):
-        processes._check_not_a_lonely_task(1, srun)
+    # The plugin named is the one this MPI library starts under.
+    for line, plugin in (("Open MPI v5.0.11, package: Open MPI", "pmix"),
+                         ("MPICH Version:      5.0.2", "pmi2"),
+                         ("Intel(R) MPI Library 2021.14 for Linux* OS", "pmi2")):
+        monkeypatch.setattr(processes, "mpi_library",
+                            lambda line=line: {"mpi4py": "4.1", "library": line})
+        with pytest.raises(RuntimeError, match=f"--mpi={plugin}`"):
+            processes._check_not_a_lonely_task(1, srun)
     processes._check_not_a_lonely_task(4, srun)
     processes._check_not_a_lonely_task(1, {"SLURM_STEP_NUM_TASKS": "4"})  # salloc shell
 

@@ -90,6 +90,12 @@ def _import_mpi():
     # component prints an error on every rank of a machine without UCX
     # devices. Set OMPI_MCA_osc to choose otherwise.
     os.environ.setdefault("OMPI_MCA_osc", "^ucx")
+    # Under srun, a PMIx built without munge (the Open MPI wheel's) prints a
+    # "Sorry!" box on every rank when SLURM offers munge; its native security
+    # (the socket's peer credentials) is what such a rank uses anyway. Set
+    # PMIX_MCA_psec to choose otherwise.
+    if "SLURM_STEP_ID" in os.environ:
+        os.environ.setdefault("PMIX_MCA_psec", "native")
     from mpi4py import MPI
 
     return MPI
@@ -229,10 +235,14 @@ def _check_not_a_lonely_task(world_size, environ=None):
     environ = os.environ if environ is None else environ
     tasks = int(environ.get("SLURM_STEP_NUM_TASKS", "1") or 1)
     if "SLURM_STEP_ID" in environ and tasks > 1 and world_size == 1:
+        library = mpi_library()
+        line = "" if library is None else library["library"]
+        plugin = srun_plugin(mpi_family(line))
         raise RuntimeError(
             f"srun started {tasks} tasks but MPI sees a world of 1 on this one: srun's PMI "
-            "plugin does not match this MPI library. Run with `srun --mpi=pmix` (or the "
-            "plugin your site documents), or use `mpiexec` inside the allocation.")
+            f"plugin does not match this MPI library ({line or 'unknown'}). Run with "
+            f"`srun --mpi={plugin}` (or the plugin your site documents; `srun --mpi=list` "
+            "lists them), or use `mpiexec` inside the allocation.")
 
 
 def _check_thread_level():
@@ -337,8 +347,29 @@ def mpi_library():
         from mpi4py import MPI
     except ImportError:
         return None
-    return {"mpi4py": mpi4py.__version__,
-            "library": MPI.Get_library_version().splitlines()[0].strip()}
+    # Open MPI ends its version string with a NUL byte.
+    first_line = MPI.Get_library_version().replace("\0", "").strip().splitlines()[0]
+    return {"mpi4py": mpi4py.__version__, "library": first_line.strip()}
+
+
+def mpi_family(library_line=None):
+    """`"openmpi"`, `"mpich"` (MPICH and the libraries that share its ABI: Intel MPI,
+    MVAPICH, Cray MPICH) or `"other"`, from the MPI library's version line (the one
+    mpi4py uses when not given)."""
+    if library_line is None:
+        library = mpi_library()
+        library_line = "" if library is None else library["library"]
+    text = library_line.lower()
+    if "open mpi" in text:
+        return "openmpi"
+    if any(name in text for name in ("mpich", "intel(r) mpi", "intel mpi", "mvapich")):
+        return "mpich"
+    return "other"
+
+
+def srun_plugin(family):
+    """The `srun --mpi=` plugin an MPI library of `family` starts under."""
+    return {"openmpi": "pmix", "mpich": "pmi2"}.get(family, "pmix")
 
 
 class _RankFilter(logging.Filter):
