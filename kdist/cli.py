@@ -48,6 +48,15 @@ FAULT_TOLERANCE_ARGS = ("--with-ft", "ulfm", "--mca", "mpi_ft_detector", "true",
                         "--mca", "mpi_ft_detector_timeout", "4")
 
 
+# With ranks on other hosts, Open MPI's launcher notices a host that dropped off
+# the network by TCP keepalives on its daemons' idle connections; its defaults
+# wait 8 minutes (300 s, then 9 probes 20 s apart). These say so within 30 s.
+# The kernel answers keepalives, so a busy host is never taken for a lost one.
+DAEMON_KEEPALIVE_ARGS = ("--prtemca", "oob_tcp_keepalive_time", "10",
+                         "--prtemca", "oob_tcp_keepalive_intvl", "5",
+                         "--prtemca", "oob_tcp_keepalive_probes", "4")
+
+
 def mpiexec_command(nprocs, command, mpiexec=None, extra=(), fault_tolerant=False,
                     forward=()):
     """The full launcher command line and environment for `command` on `nprocs` ranks.
@@ -72,6 +81,8 @@ def mpiexec_command(nprocs, command, mpiexec=None, extra=(), fault_tolerant=Fals
                 and not places_ranks_elsewhere(extra, env)):
             # Only on this machine: on a cluster it would hide a slot miscount.
             argv.append("--oversubscribe")
+        if places_ranks_elsewhere(extra, env) and not any("keepalive" in a for a in extra):
+            argv += DAEMON_KEEPALIVE_ARGS
         if fault_tolerant:
             argv += FAULT_TOLERANCE_ARGS
         # Open MPI passes on to other nodes only the variables it is told to;

@@ -63,7 +63,23 @@ def mpirun(mpiexec_path, tmp_path):
     from kdist.cli import mpiexec_command
 
     def run(script, n=2, args=(), timeout=180, check=True, env=None, fault_tolerant=False,
-            mpi_args=()):
+            mpi_args=(), hosts=None):
+        """`hosts`: spread the `n` ranks evenly over that many emulated hosts (see
+        tests/emulated_hosts.py), launched from the first as on a cluster."""
+        if hosts is not None:
+            import emulated_hosts
+
+            why_not = emulated_hosts.available()
+            if why_not:
+                pytest.skip(why_not)
+            if n % hosts:
+                raise ValueError(f"{n} ranks do not spread evenly over {hosts} hosts")
+            with emulated_hosts.EmulatedHosts(hosts) as machines:
+                return _run(script, n, args, timeout, check, env, fault_tolerant, mpi_args,
+                            machines)
+        return _run(script, n, args, timeout, check, env, fault_tolerant, mpi_args, None)
+
+    def _run(script, n, args, timeout, check, env, fault_tolerant, mpi_args, machines):
         if "\n" in script or not script.endswith(".py"):
             path = tmp_path / f"script_{abs(hash(script))}.py"
             path.write_text(textwrap.dedent(script))
@@ -73,15 +89,25 @@ def mpirun(mpiexec_path, tmp_path):
         report_dir = tmp_path / f"reports_{abs(hash((script, tuple(args))))}"
         report_dir.mkdir(exist_ok=True)
         command = [sys.executable, "-u", script] + [str(a) for a in args]
-        argv, full_env = mpiexec_command(n, command, mpiexec=mpiexec_path, extra=mpi_args,
-                                         fault_tolerant=fault_tolerant)
-        full_env.update({
-            "PYTHONPATH": os.pathsep.join([HERE, full_env.get("PYTHONPATH", "")]),
+        settings = {
+            "PYTHONPATH": os.pathsep.join([HERE, os.environ.get("PYTHONPATH", "")]),
             "KDIST_TEST_REPORTS": str(report_dir),
             "TF_CPP_MIN_LOG_LEVEL": "3",
             "PYTHONUNBUFFERED": "1",
-        })
-        full_env.update(env or {})
+        }
+        settings.update(env or {})
+        if machines is not None:
+            # So that a worker can pull its own host's cable (see emulated_hosts.set_link).
+            settings.update({"KDIST_TEST_SWITCH": f"{machines.prefix}sw",
+                             "KDIST_TEST_HOSTS": machines.prefix})
+            # Open MPI gives ranks on other hosts only the variables it is told to.
+            mpi_args = machines.mpi_args(n // machines.count, forward=sorted(settings)) + list(
+                mpi_args)
+        argv, full_env = mpiexec_command(n, command, mpiexec=mpiexec_path, extra=mpi_args,
+                                         fault_tolerant=fault_tolerant)
+        full_env.update(settings)
+        if machines is not None:
+            argv = machines.on_first_host(argv)
         try:
             done = subprocess.run(argv, env=full_env, stdout=subprocess.PIPE,
                                   stderr=subprocess.STDOUT, text=True, timeout=timeout)

@@ -32,6 +32,10 @@ def test_oversubscribe_only_when_every_rank_runs_on_this_machine(mpiexec_path):
         argv, _ = cli.mpiexec_command(64, ["python", "x.py"], mpiexec=mpiexec_path,
                                       extra=hosts)
         assert "--oversubscribe" not in argv, hosts
+        # A host lost from the network is noticed in seconds, not Open MPI's 8 minutes.
+        assert argv[argv.index("oob_tcp_keepalive_time") + 1] == "10"
+    argv, _ = cli.mpiexec_command(2, ["python", "x.py"], mpiexec=mpiexec_path)
+    assert "oob_tcp_keepalive_time" not in argv  # one machine: nothing to lose
     assert cli.places_ranks_elsewhere([], {"SLURM_JOB_NUM_NODES": "4"})
     assert not cli.places_ranks_elsewhere(["--bind-to", "core"], {"SLURM_JOB_NUM_NODES": "1"})
 

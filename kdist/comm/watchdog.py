@@ -62,17 +62,18 @@ def abort(reason, code=1):
     sys.stderr.write(f"[kdist rank {rank}] aborting the job: {reason}\n")
     sys.stderr.flush()
     if world is not None:
-        from kdist.comm import ending
-
-        if ending.fault_tolerant():
-            # Once ranks have died, Open MPI's MPI_Abort can block for good in a
-            # fault-tolerant job; an exit with an error status ends such a job too.
-            aborting = threading.Thread(target=world.abort, args=(code,), daemon=True)
-            aborting.start()
-            aborting.join(10)
-        else:
-            world.abort(code)
+        # MPI_Abort can block for good: in a fault-tolerant job once ranks have
+        # died, or when a host has dropped off the network and the launcher
+        # cannot reach its daemon. This process then exits with an error status
+        # after ABORT_GRACE_SECONDS, which ends the job as well.
+        aborting = threading.Thread(target=world.abort, args=(code,), daemon=True)
+        aborting.start()
+        aborting.join(ABORT_GRACE_SECONDS)
     os._exit(code)
+
+
+# How long `abort` lets MPI_Abort try to end the job before this process exits alone.
+ABORT_GRACE_SECONDS = 10.0
 
 
 def _excepthook(kind, value, tb):
