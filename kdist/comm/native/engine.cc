@@ -46,12 +46,6 @@ std::mutex g_timeline_mutex;
 std::string g_timeline_lines;
 constexpr size_t kTimelineLimit = size_t{256} << 20;
 
-int64_t NowNanoseconds() {
-  timespec now;
-  clock_gettime(CLOCK_MONOTONIC, &now);
-  return static_cast<int64_t>(now.tv_sec) * 1000000000LL + now.tv_nsec;
-}
-
 int64_t EnvMicroseconds(const char* name, int64_t fallback) {
   const char* value = std::getenv(name);
   if (value == nullptr || *value == '\0') return fallback;
@@ -456,6 +450,12 @@ Status Allreduce(MPI_Comm comm, const void* send, void* recv, int64_t count, int
 }
 
 std::mutex& CollectiveMutex() { return g_collective_mutex; }
+
+int64_t NowNanoseconds() {
+  timespec now;
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  return static_cast<int64_t>(now.tv_sec) * 1000000000LL + now.tv_nsec;
+}
 
 namespace {
 

@@ -102,6 +102,9 @@ Status FusedAllreduceLocked(MPI_Comm comm, int n, const void* const* in, void* c
 // The lock every collective of this process holds while it runs.
 std::mutex& CollectiveMutex();
 
+// CLOCK_MONOTONIC, in nanoseconds.
+int64_t NowNanoseconds();
+
 // Gathers `rows` rows of `row_elements` elements from every rank, in rank
 // order; ranks may give different numbers of rows. `allocate(total_rows)`
 // returns where the result goes.

@@ -1,8 +1,6 @@
 // The fusion queue; see fusion.h for what it does and why.
 #include "fusion.h"
 
-#include <time.h>
-
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
@@ -17,12 +15,6 @@ namespace kdist {
 namespace {
 
 constexpr int kRecord = 4;  // key, dtype, count, form
-
-int64_t Now() {
-  timespec now;
-  clock_gettime(CLOCK_MONOTONIC, &now);
-  return static_cast<int64_t>(now.tv_sec) * 1000000000LL + now.tv_nsec;
-}
 
 double EnvNumber(const char* name, double fallback) {
   const char* value = std::getenv(name);
@@ -65,7 +57,7 @@ class Queue {
         if (known != burst_of_.end() && known->second.second == awaited_burst_) ++awaited_seen_;
       }
       arrived_.push_back(std::move(request));
-      last_arrival_ = Now();
+      last_arrival_ = NowNanoseconds();
       wake = idle_ || (awaited_burst_ >= 0 && awaited_seen_ >= awaited_size_);
     }
     if (wake) wake_.notify_one();
@@ -85,7 +77,7 @@ class Queue {
       wake_.wait(lock, [this] { return !arrived_.empty(); });
       idle_ = false;
     }
-    const int64_t start = Now();
+    const int64_t start = NowNanoseconds();
     const int64_t first = held_.empty() ? arrived_.front().key : held_.front().key;
     auto known = burst_of_.find(first);
     if (known != burst_of_.end()) {
@@ -102,7 +94,7 @@ class Queue {
       }
     }
     while (true) {
-      const int64_t now = Now();
+      const int64_t now = NowNanoseconds();
       if (now >= start + pause_ns && awaited_burst_ >= 0 && awaited_seen_ >= awaited_size_) {
         break;
       }
@@ -145,8 +137,8 @@ class Queue {
         continue;
       }
       pause_ns = std::min<int64_t>(std::max<int64_t>(2 * pause_ns, 100000), 10000000);
-      if (stalled_since == 0) stalled_since = Now();
-      if (deadlock_s > 0 && Now() - stalled_since > static_cast<int64_t>(deadlock_s * 1e9)) {
+      if (stalled_since == 0) stalled_since = NowNanoseconds();
+      if (deadlock_s > 0 && NowNanoseconds() - stalled_since > static_cast<int64_t>(deadlock_s * 1e9)) {
         FailAll(Status::Error(
             std::string(kMismatch) + " (seen by rank " + std::to_string(Rank()) + "): for " +
             std::to_string(static_cast<int64_t>(deadlock_s)) + " s (KDIST_DEADLOCK_TIMEOUT) " +

@@ -40,6 +40,29 @@ MPI_Comm CommAttr(OpKernelConstruction* context) {
   return errors::Aborted(status.message);
 }
 
+// The attributes both allreduce ops take.
+struct ReductionAttrs {
+  MPI_Comm comm = MPI_COMM_NULL;
+  int64_t dtype = 1;
+  int64_t op = 1;
+  bool average = false;
+  float prescale = 1.0f;
+  float postscale = 1.0f;
+  int64_t direct_bytes = 262144;
+
+  void Read(OpKernelConstruction* context) {
+    comm = CommAttr(context);
+    DataType type;
+    OP_REQUIRES_OK(context, context->GetAttr("T", &type));
+    dtype = static_cast<int64_t>(type);
+    OP_REQUIRES_OK(context, context->GetAttr("reduce_op", &op));
+    OP_REQUIRES_OK(context, context->GetAttr("average", &average));
+    OP_REQUIRES_OK(context, context->GetAttr("prescale", &prescale));
+    OP_REQUIRES_OK(context, context->GetAttr("postscale", &postscale));
+    OP_REQUIRES_OK(context, context->GetAttr("direct_bytes", &direct_bytes));
+  }
+};
+
 }  // namespace
 
 REGISTER_OP("KdistAllreduce")
@@ -63,15 +86,7 @@ REGISTER_OP("KdistAllreduce")
 class KdistAllreduceOp : public OpKernel {
  public:
   explicit KdistAllreduceOp(OpKernelConstruction* context) : OpKernel(context) {
-    comm_ = CommAttr(context);
-    DataType type;
-    OP_REQUIRES_OK(context, context->GetAttr("T", &type));
-    dtype_ = static_cast<int64_t>(type);
-    OP_REQUIRES_OK(context, context->GetAttr("reduce_op", &op_));
-    OP_REQUIRES_OK(context, context->GetAttr("average", &average_));
-    OP_REQUIRES_OK(context, context->GetAttr("prescale", &prescale_));
-    OP_REQUIRES_OK(context, context->GetAttr("postscale", &postscale_));
-    OP_REQUIRES_OK(context, context->GetAttr("direct_bytes", &direct_bytes_));
+    attrs_.Read(context);
     OP_REQUIRES_OK(context, context->GetAttr("label", &label_));
   }
 
@@ -93,9 +108,10 @@ class KdistAllreduceOp : public OpKernel {
       out[i] = output->data();
       counts[i] = input.NumElements();
     }
+    const ReductionAttrs& a = attrs_;
     kdist::Status status = kdist::FusedAllreduce(
-        comm_, n, in.data(), out.data(), counts.data(), dtype_, op_, average_, prescale_,
-        postscale_, direct_bytes_, Label(shapes), shape_keys.data());
+        a.comm, n, in.data(), out.data(), counts.data(), a.dtype, a.op, a.average, a.prescale,
+        a.postscale, a.direct_bytes, Label(shapes), shape_keys.data());
     OP_REQUIRES(context, status.ok, ToTensorFlow(status));
   }
 
@@ -113,13 +129,7 @@ class KdistAllreduceOp : public OpKernel {
     return text + (shapes.size() > 8 ? ", ...]" : "]");
   }
 
-  MPI_Comm comm_;
-  int64_t dtype_ = 1;
-  int64_t op_ = 1;
-  bool average_ = false;
-  float prescale_ = 1.0f;
-  float postscale_ = 1.0f;
-  int64_t direct_bytes_ = 262144;
+  ReductionAttrs attrs_;
   std::string label_;
 };
 
@@ -151,18 +161,11 @@ REGISTER_OP("KdistAllreduceAsync")
 class KdistAllreduceAsyncOp : public AsyncOpKernel {
  public:
   explicit KdistAllreduceAsyncOp(OpKernelConstruction* context) : AsyncOpKernel(context) {
-    comm_ = CommAttr(context);
-    DataType type;
-    OP_REQUIRES_OK(context, context->GetAttr("T", &type));
-    dtype_ = static_cast<int64_t>(type);
-    OP_REQUIRES_OK(context, context->GetAttr("reduce_op", &op_));
-    OP_REQUIRES_OK(context, context->GetAttr("average", &average_));
-    OP_REQUIRES_OK(context, context->GetAttr("prescale", &prescale_));
-    OP_REQUIRES_OK(context, context->GetAttr("postscale", &postscale_));
-    OP_REQUIRES_OK(context, context->GetAttr("direct_bytes", &direct_bytes_));
+    attrs_.Read(context);
+    const ReductionAttrs& a = attrs_;
     key_ = kdist::Hash(name().data(), name().size(), 0);
-    const int64_t settings[5] = {op_, average_ ? 1 : 0, static_cast<int64_t>(prescale_ * 1e6),
-                                 static_cast<int64_t>(postscale_ * 1e6), direct_bytes_};
+    const int64_t settings[5] = {a.op, a.average ? 1 : 0, static_cast<int64_t>(a.prescale * 1e6),
+                                 static_cast<int64_t>(a.postscale * 1e6), a.direct_bytes};
     settings_ = kdist::Hash(settings, sizeof(settings), 0);
   }
 
@@ -178,30 +181,25 @@ class KdistAllreduceAsyncOp : public AsyncOpKernel {
     std::vector<int64_t> dims(input.dims());
     for (int i = 0; i < input.dims(); ++i) dims[i] = input.dim_size(i);
     request.form = kdist::Hash(dims.data(), dims.size() * sizeof(int64_t), settings_);
-    request.dtype = dtype_;
+    const ReductionAttrs& a = attrs_;
+    request.dtype = a.dtype;
     request.count = input.NumElements();
-    request.op = op_;
-    request.average = average_;
-    request.prescale = prescale_;
-    request.postscale = postscale_;
-    request.direct_bytes = direct_bytes_;
+    request.op = a.op;
+    request.average = a.average;
+    request.prescale = a.prescale;
+    request.postscale = a.postscale;
+    request.direct_bytes = a.direct_bytes;
     request.in = input.data();
     request.out = output->data();
     request.done = [context, done](const kdist::Status& status) {
       if (!status.ok) context->SetStatus(ToTensorFlow(status));
       done();
     };
-    kdist::EnqueueAllreduce(comm_, std::move(request));
+    kdist::EnqueueAllreduce(attrs_.comm, std::move(request));
   }
 
  private:
-  MPI_Comm comm_;
-  int64_t dtype_ = 1;
-  int64_t op_ = 1;
-  bool average_ = false;
-  float prescale_ = 1.0f;
-  float postscale_ = 1.0f;
-  int64_t direct_bytes_ = 262144;
+  ReductionAttrs attrs_;
   int64_t key_ = 0;
   int64_t settings_ = 0;
 };
