@@ -83,6 +83,11 @@ def test_separate_allreduces_in_a_function_are_fused_and_reduce_correctly(mpirun
         assert out["eager_mismatch"] == [["FailedPreconditionError", True],
                                          ["CollectiveMismatch", True]]
         assert out["looped"] == [8.0]
+        # Sum of 1 and 2; the allgather in the branch on the first two steps (the
+        # rank's own value twice after); rank 0's 2x; the sum of 3 and 6.
+        for step, got in enumerate(out["nested"]):
+            branch = [1.0, 2.0] if step < 2 else [1.0 + rank] * 2
+            assert got == [[3.0], branch, [2.0], [9.0]], step
         assert out["last_joined"] == 0
     # Rank 1 ran out of data after two steps and joined: rank 0 averaged its own alone.
     assert job.rank(0)["uneven"] == [[1.5, 15.0]] * 2 + [[1.0, 10.0]] * 2

@@ -12,16 +12,16 @@ Both follow the same wire protocol, so ranks agree whichever they use.
 """
 
 import contextlib
-import itertools
 import os
 import threading
 import weakref
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.python.framework import func_graph
 from tensorflow.python.ops import control_flow_util
-from tensorflow.python.ops import control_flow_util_v2
 
+from kdist.comm import job
 from kdist.comm import protocol
 from kdist.comm.communicator import protocol_op
 from kdist.comm import native
@@ -70,8 +70,20 @@ def _python_collective(function, *args):
 # The last kdist collective op added to each TensorFlow 1 graph, or the last
 # ordered one of each function graph (see in_order).
 _last_op = weakref.WeakKeyDictionary()
-# Each function graph's queued allreduces since its last ordered collective.
+# Each outermost function graph's queued allreduces since its last ordered collective.
 _queued = weakref.WeakKeyDictionary()
+
+# Ops that run functions of their own (branches, loop bodies, nested tf.functions),
+# which may hold ordered collectives.
+_FUNCTION_OPS = frozenset(("If", "StatelessIf", "While", "StatelessWhile", "Case",
+                           "StatelessCase", "PartitionedCall", "StatefulPartitionedCall"))
+
+
+def _outermost(graph):
+    """The function graph that `graph` (a function graph) is nested in, or itself."""
+    while isinstance(getattr(graph, "outer_graph", None), func_graph.FuncGraph):
+        graph = graph.outer_graph
+    return graph
 
 
 @contextlib.contextmanager
@@ -80,18 +92,22 @@ def in_order():
 
     Every rank must run collectives in the same order. Inside `tf.function`
     TensorFlow runs stateful ops in program order already, but not the queued
-    allreduces (`queued_allreduce`): an ordered collective waits for those built
-    before it, and those built after wait for it. A TensorFlow 1 graph
-    (`tf.compat.v1`, a `Session`) orders nothing, and two collectives fetched in
-    one `Session.run` could run in another order on each rank: there each
-    collective is made to wait for the one built before it.
+    allreduces (`queued_allreduce`), which only the outermost function graph
+    builds: an ordered collective, there or in a branch, loop or function nested
+    in it, waits for those built before it (see queued_allreduce for those built
+    after). A TensorFlow 1 graph (`tf.compat.v1`, a `Session`) orders nothing,
+    and two collectives fetched in one `Session.run` could run in another order
+    on each rank: there each collective is made to wait for the one built before
+    it.
     """
     if tf.executing_eagerly():
         yield
         return
     graph = tf.compat.v1.get_default_graph()
     if tf.inside_function():
-        queued = _queued.pop(graph, [])
+        # From a nested graph, TensorFlow turns these into control inputs of the
+        # op that runs it.
+        queued = _queued.pop(_outermost(graph), [])
         before = len(graph.get_operations())
         with tf.control_dependencies(queued):
             yield
@@ -133,32 +149,63 @@ def fusion_enabled():
     return os.environ.get("KDIST_FUSION", "1").lower() not in ("0", "false", "no", "off")
 
 
-def _queueable(tensors):
+_QUEUED_OP = "KdistAllreduceAsync"
+
+
+def _out_of_program_order():
+    """Lets TensorFlow run the queued allreduce out of program order; False if it cannot.
+
+    The op is stateful, so that TensorFlow never folds, merges or moves it, but
+    TensorFlow runs stateful ops of a function one after another, which would
+    leave the queue nothing to fuse. TensorFlow's own collectives are exempt
+    through a list of op types (`ASYNC_STATEFUL_OPS`); kdist adds its one op
+    type to it, a process-wide change that `KDIST_FUSION=0` leaves undone.
+    """
+    try:
+        from tensorflow.python.framework import auto_control_deps
+    except ImportError:
+        return False
+    exempt = getattr(auto_control_deps, "ASYNC_STATEFUL_OPS", None)
+    if not isinstance(exempt, frozenset):
+        return False
+    if _QUEUED_OP not in exempt:
+        auto_control_deps.ASYNC_STATEFUL_OPS = exempt | {_QUEUED_OP}
+    return True
+
+
+def _queueable(tensors, comm):
     """Whether these tensors' allreduce may go through the fusion queue.
 
-    Only one tensor at a time, from a separate call (see separate_call), inside a
-    `tf.function` (every rank runs the same graph, so node names match), not
-    under XLA (which runs a custom call in place) and not in a while loop's
-    body, where iterations may overlap and one node could be waiting twice.
+    Only one tensor at a time, from a separate call (see separate_call), on the
+    world communicator (one queue, so no two can wait for each other), and in
+    the outermost graph of a `tf.function`: every rank runs the same graph, so
+    node names match, and nothing there runs twice at once (a loop body's
+    iterations may overlap, so one node could be waiting twice). Not under XLA,
+    which runs a custom call in place.
     """
     if len(tensors) != 1 or not getattr(_separate, "on", False) or not fusion_enabled():
         return False
-    if not tf.inside_function() or in_xla():
+    if not tf.inside_function() or in_xla() or comm is not job.world():
         return False
-    return not control_flow_util_v2.in_while_loop_defun(tf.compat.v1.get_default_graph())
-
-
-_serials = itertools.count(1)
+    graph = tf.compat.v1.get_default_graph()
+    return _outermost(graph) is graph and _out_of_program_order()
 
 
 def queued_allreduce(ops, tensor, comm, mpi_op, average, prescale, postscale):
-    """One tensor's allreduce through the C++ fusion queue (native/fusion.h)."""
+    """One tensor's allreduce through the C++ fusion queue (native/fusion.h).
+
+    It waits for the graph's last ordered collective and for every op built
+    before it that runs a function (a branch, a loop, a nested tf.function):
+    those may hold ordered collectives, which must not run beside the queue.
+    """
     graph = tf.compat.v1.get_default_graph()
     previous = _last_op.get(graph)
-    with tf.control_dependencies([previous] if previous is not None else []):
+    before = [previous] if previous is not None else []
+    before += [op for op in graph.get_operations() if op.type in _FUNCTION_OPS]
+    with tf.control_dependencies(before):
         result = ops.kdist_allreduce_async(tensor, comm=comm.fortran_handle, reduce_op=mpi_op,
                                            average=bool(average), prescale=float(prescale),
-                                           postscale=float(postscale), serial=next(_serials))
+                                           postscale=float(postscale))
     _queued.setdefault(graph, []).append(result.op)
     return result
 
@@ -211,7 +258,7 @@ def allreduce(tensors, comm, op="sum", average=False, prescale=1.0, postscale=1.
         return [t if factor == 1.0 else t * tf.cast(factor, dtype) for t in tensors]
     mpi_op = protocol_op(op)
     ops = _native_ops(comm)
-    if ops is not None and _queueable(tensors):
+    if ops is not None and _queueable(tensors, comm):
         return [queued_allreduce(ops, tensors[0], comm, mpi_op, average, prescale, postscale)]
     if ops is not None:
         with in_order():

@@ -112,6 +112,31 @@ def mixed(x):
 out["mixed"] = [t.numpy().ravel().tolist() for t in mixed(tf.constant([1.0 + rank]))]
 
 
+# Ordered collectives nested in a branch and in an inner tf.function (traced once,
+# then called from two functions) between queued allreduces: every rank runs them in
+# one order, step after step.
+@tf.function
+def inner(x):
+    return kdist.broadcast(x * 2.0, 0)
+
+
+def with_nested(x, flag):
+    before = kdist.allreduce(x, op=kdist.Sum)
+    branch = tf.cond(flag, lambda: kdist.allgather(x), lambda: tf.concat([x, x], 0))
+    called = inner(x)
+    after = kdist.allreduce(x * 3.0, op=kdist.Sum)
+    return before, branch, called, after
+
+
+nested_a, nested_b = tf.function(with_nested), tf.function(with_nested)
+nested = []
+for step in range(4):
+    run = nested_a if step % 2 == 0 else nested_b
+    nested.append([t.numpy().tolist() for t in run(tf.constant([1.0 + rank]),
+                                                   tf.constant(step < 2))])
+out["nested"] = nested
+
+
 # The same number of elements in another shape on each rank: a mismatch, on both ranks,
 # after which the ranks go on together.
 @tf.function(reduce_retracing=True)

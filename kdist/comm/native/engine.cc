@@ -603,11 +603,12 @@ Status Allgather(MPI_Comm comm, const void* send, int64_t rows, int64_t row_elem
 
 Status AllgatherLocked(MPI_Comm comm, const void* send, int64_t rows, int64_t row_elements,
                        int64_t dtype, const std::string& what,
-                       const std::function<void*(int64_t)>& allocate, int64_t* rank_rows) {
+                       const std::function<void*(int64_t)>& allocate, int64_t* rank_rows,
+                       int64_t root) {
   const std::string description =
       "allgather of " + std::to_string(rows) + " rows of " + std::to_string(row_elements) +
       " " + DTypeName(dtype) + " values" + (what.empty() ? "" : " (" + what + ")");
-  Status status = Announce(comm, kAllgather, dtype, 0, row_elements, 0, description);
+  Status status = Announce(comm, kAllgather, dtype, 0, row_elements, root, description);
   if (!status.ok) return status;
   WaitScope waiting(description + ", moving data");
   Span span("allgather", description, rows * row_elements * ElementSize(dtype));

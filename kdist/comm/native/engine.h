@@ -76,7 +76,8 @@ Status Allreduce(MPI_Comm comm, const void* send, void* recv, int64_t count, int
 
 // A key for a tensor's shape (`ndims` dimensions), and one for the shapes of
 // the tensors one message carries (`keys` of `n` tensors). An allreduce
-// announces it in the header's `root` field (0: shapes not known, under XLA),
+// announces it in the header's `root` field (0: shapes not given: under XLA, and
+// in the fusion queue, whose agreement compared them already),
 // so that tensors of the same size in other shapes fail as a mismatch instead
 // of being reduced as flat data. kdist/comm/protocol.py computes the same keys.
 int64_t ShapeKey(const int64_t* dims, int64_t ndims);
@@ -113,10 +114,12 @@ Status Allgather(MPI_Comm comm, const void* send, int64_t rows, int64_t row_elem
                  const std::function<void*(int64_t)>& allocate);
 
 // Allgather for a caller that holds CollectiveMutex(); with `rank_rows`, also
-// writes how many rows each rank gave (0 from a rank that has joined).
+// writes how many rows each rank gave (0 from a rank that has joined). `root`
+// goes into the header's unused root field, to tell this allgather apart.
 Status AllgatherLocked(MPI_Comm comm, const void* send, int64_t rows, int64_t row_elements,
                        int64_t dtype, const std::string& what,
-                       const std::function<void*(int64_t)>& allocate, int64_t* rank_rows);
+                       const std::function<void*(int64_t)>& allocate, int64_t* rank_rows,
+                       int64_t root = 0);
 
 // Broadcasts `count` elements from `root` in place.
 Status Broadcast(MPI_Comm comm, void* buffer, int64_t count, int64_t dtype, int root,

@@ -15,6 +15,11 @@ namespace kdist {
 namespace {
 
 constexpr int kRecord = 4;  // key, dtype, count, form
+// A record with this dtype says "this rank gives up" (see Run).
+constexpr int64_t kGiveUp = -1;
+// In the root field of the agreement's header, so that no allgather of a user's
+// (int64 rows of 4 values too) can ever be taken for it.
+constexpr int64_t kAgreementMarker = 0x6b647175;
 
 double EnvNumber(const char* name, double fallback) {
   const char* value = std::getenv(name);
@@ -42,6 +47,11 @@ const char kMismatch[] = "kdist: the ranks are not running the same collective";
 class Queue {
  public:
   explicit Queue(MPI_Comm comm) : comm_(comm) {
+    {
+      std::lock_guard<std::mutex> lock(CollectiveMutex());
+      MPI_Comm_rank(comm_, &rank_);
+      MPI_Comm_size(comm_, &size_);
+    }
     std::thread([this] { Run(); }).detach();
   }
 
@@ -118,18 +128,23 @@ class Queue {
     burst_keys_.clear();
   }
 
+  // When no tensor could be reduced for KDIST_DEADLOCK_TIMEOUT seconds, this
+  // rank says it gives up in its next agreement; every rank sees that in the
+  // same cycle and fails what it holds, naming what each rank waited for.
   void Run() {
-    const double deadlock_s = EnvNumber("KDIST_DEADLOCK_TIMEOUT", 300);
+    double deadlock_s = EnvNumber("KDIST_DEADLOCK_TIMEOUT", 300);
+    if (deadlock_s > 1e9) deadlock_s = 0;  // "inf" and the like: never
+    const int64_t deadline_ns = static_cast<int64_t>(deadlock_s * 1e9);
     int64_t pause_ns = 0;
     int64_t stalled_since = 0;
     while (true) {
       Collect(pause_ns);
-      const bool progress = Cycle();
-      bool drained = false;
+      const bool give_up = deadline_ns > 0 && stalled_since != 0 &&
+                           NowNanoseconds() - stalled_since > deadline_ns;
+      const bool progress = Cycle(give_up, deadlock_s);
       {
         std::lock_guard<std::mutex> lock(mutex_);
-        drained = held_.empty() && arrived_.empty();
-        if (drained) EndBurst();
+        if (held_.empty() && arrived_.empty()) EndBurst();
       }
       if (progress) {
         pause_ns = 0;
@@ -138,23 +153,7 @@ class Queue {
       }
       pause_ns = std::min<int64_t>(std::max<int64_t>(2 * pause_ns, 100000), 10000000);
       if (stalled_since == 0) stalled_since = NowNanoseconds();
-      if (deadlock_s > 0 && NowNanoseconds() - stalled_since > static_cast<int64_t>(deadlock_s * 1e9)) {
-        FailAll(Status::Error(
-            std::string(kMismatch) + " (seen by rank " + std::to_string(Rank()) + "): for " +
-            std::to_string(static_cast<int64_t>(deadlock_s)) + " s (KDIST_DEADLOCK_TIMEOUT) " +
-            "this rank waited for allreduces no other rank runs: " + Names(held_, 8) +
-            ". " + last_others_ +
-            " Every rank must run the same graph; an allreduce under a condition that "
-            "differs between ranks never completes."));
-        stalled_since = 0;
-      }
     }
-  }
-
-  int Rank() const {
-    int rank = 0;
-    MPI_Comm_rank(comm_, &rank);
-    return rank;
   }
 
   void FailAll(const Status& status) {
@@ -165,7 +164,7 @@ class Queue {
 
   // One agreement and the reductions it allows; true when any tensor was
   // reduced or failed.
-  bool Cycle() {
+  bool Cycle(bool give_up, double deadlock_s) {
     // One record per key: a node whose earlier run still waits goes next time.
     std::vector<size_t> offered;
     std::unordered_map<int64_t, size_t> mine;
@@ -177,8 +176,9 @@ class Queue {
       const FusionRequest& r = held_[i];
       records.insert(records.end(), {r.key, r.dtype, r.count, r.form});
     }
-    const int size = CommSize(comm_);
-    std::vector<int64_t> rows(size);
+    if (give_up) records.insert(records.end(), {0, kGiveUp, 0, 0});
+    const int64_t sent = static_cast<int64_t>(records.size()) / kRecord;
+    std::vector<int64_t> rows(size_);
     std::vector<int64_t> all;
     std::vector<size_t> ready, differing;
     std::string mismatch;
@@ -189,12 +189,12 @@ class Queue {
       const std::string what = "agreeing on " + std::to_string(offered.size()) +
                                " allreduce(s) to fuse: " + Names(held_, 4);
       failed = AllgatherLocked(
-          comm_, records.data(), static_cast<int64_t>(offered.size()), kRecord, kInt64, what,
+          comm_, records.data(), sent, kRecord, kInt64, what,
           [&all](int64_t total) -> void* {
             all.resize(std::max<int64_t>(total, 1) * kRecord);
             return all.data();
           },
-          rows.data());
+          rows.data(), kAgreementMarker);
       if (failed.ok) {
         Match(rows, all, mine, &ready, &differing, &mismatch);
         outcome = Reduce(ready);
@@ -214,7 +214,7 @@ class Queue {
     if (!differing.empty()) {
       // Every rank found the same keys differing; each fails its own.
       const Status failure = Status::Error(std::string(kMismatch) + " (seen by rank " +
-                                           std::to_string(Rank()) + "):" + mismatch +
+                                           std::to_string(rank_) + "):" + mismatch +
                                            "\nEvery rank must give each allreduce a tensor of "
                                            "the same shape and dtype, with the same "
                                            "reduction and scaling.");
@@ -222,6 +222,29 @@ class Queue {
         held_[i].done(failure);
         finished[i] = true;
       }
+    }
+    std::string quitters;
+    for (size_t r = 0, at = 0; r < rows.size(); ++r) {
+      for (int64_t k = 0; k < rows[r]; ++k, at += kRecord) {
+        if (all[at + 1] == kGiveUp) {
+          quitters += (quitters.empty() ? "" : ", ") + std::to_string(r);
+        }
+      }
+    }
+    if (!quitters.empty()) {
+      std::vector<FusionRequest> left;
+      for (size_t i = 0; i < held_.size(); ++i) {
+        if (!finished[i]) left.push_back(std::move(held_[i]));
+      }
+      held_.swap(left);
+      FailAll(Status::Error(
+          std::string(kMismatch) + " (seen by rank " + std::to_string(rank_) + "): for " +
+          std::to_string(static_cast<int64_t>(deadlock_s)) + " s (KDIST_DEADLOCK_TIMEOUT; " +
+          "rank(s) " + quitters + " gave up) no allreduce was ready on every rank; this " +
+          "rank waited for " + Names(held_, 8) + ". " + last_others_ +
+          " Every rank must run the same graph; an allreduce under a condition that "
+          "differs between ranks never completes."));
+      return true;
     }
     std::vector<FusionRequest> waiting;
     bool progress = false;
@@ -246,15 +269,16 @@ class Queue {
     size_t at = 0;
     for (size_t r = 0; r < rows.size(); ++r) {
       for (int64_t k = 0; k < rows[r]; ++k, at += kRecord) {
-        by_rank[r].emplace(all[at], &all[at]);
+        if (all[at + 1] != kGiveUp) by_rank[r].emplace(all[at], &all[at]);
       }
       if (rows[r] > 0 && first < 0) first = static_cast<int>(r);
     }
     std::string others;
     for (size_t r = 0; r < rows.size(); ++r) {
-      if (rows[r] > 0 && static_cast<int>(r) != Rank()) {
+      const int64_t waiting = static_cast<int64_t>(by_rank[r].size());
+      if (waiting > 0 && static_cast<int>(r) != rank_) {
         others += std::string(others.empty() ? "" : ", ") + "rank " + std::to_string(r) +
-                  " waits for " + std::to_string(rows[r]) + " allreduce(s) of its own";
+                  " waits for " + std::to_string(waiting) + " allreduce(s) of its own";
       }
     }
     last_others_ = others.empty() ? "" : "Meanwhile " + others + ".";
@@ -263,6 +287,7 @@ class Queue {
     for (int r = 0; r < first; ++r) at += rows[r] * kRecord;
     for (int64_t k = 0; k < rows[first]; ++k, at += kRecord) {
       const int64_t* record = &all[at];
+      if (record[1] == kGiveUp) continue;
       bool everywhere = true, same = true;
       for (size_t r = 0; r < rows.size() && everywhere; ++r) {
         if (rows[r] == 0) continue;  // a rank in kdist.join takes part with neutral values
@@ -333,6 +358,8 @@ class Queue {
   }
 
   MPI_Comm comm_;
+  int rank_ = 0;
+  int size_ = 1;
   std::mutex mutex_;
   std::condition_variable wake_;
   // Guarded by mutex_: what arrived, when the last did, whether the thread

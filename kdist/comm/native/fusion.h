@@ -11,16 +11,21 @@
 // together with FusedAllreduce.
 //
 // The agreement is an ordinary announced allgather of one record per waiting
-// tensor, [key, dtype, count, form], so a rank in kdist.join takes part with no
-// records, and a rank that leaves the job is seen as in any collective:
+// tensor, [key, dtype, count, form] (marked in the header's root field), so a
+// rank in kdist.join takes part with no records, and a rank that leaves the job
+// is seen as in any collective:
 // - key: a hash of the op's node name, the same on every rank running the
-//   same graph;
+//   same graph (graph_ops queues only from a tf.function's outermost graph,
+//   on the world communicator: one queue, and no node running twice at once);
 // - form: a hash of the shape, reduction, averaging and scaling.
 // Tensors ready on every rank that sent records are reduced in the order of the
-// first such rank's records; the rest wait for a later cycle. A key whose
-// dtype, count or form differ between ranks fails on every rank, as a
-// mismatch. When no tensor is ready anywhere for KDIST_DEADLOCK_TIMEOUT
-// seconds, the waiting tensors fail with what each rank waits for.
+// first such rank's records, one FusedAllreduce per dtype, reduction and
+// scaling; the rest wait for a later cycle. A key whose dtype, count or form
+// differ between ranks fails on every rank, as a mismatch. A rank whose queue
+// reduced nothing for KDIST_DEADLOCK_TIMEOUT seconds gives up in its next
+// agreement, and every rank then fails what it holds in that same cycle. A rank
+// with nothing queued does not agree at all; the others then wait in the
+// agreement, where the watchdog sees them (kdist.comm.watchdog).
 #ifndef KDIST_FUSION_H_
 #define KDIST_FUSION_H_
 

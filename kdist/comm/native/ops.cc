@@ -2,6 +2,7 @@
 // inside a graph, with no Python on the way.
 #include <mpi.h>
 
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -136,12 +137,12 @@ class KdistAllreduceOp : public OpKernel {
 REGISTER_KERNEL_BUILDER(Name("KdistAllreduce").Device(DEVICE_CPU), KdistAllreduceOp);
 
 // One tensor's allreduce through the fusion queue (fusion.h): an asynchronous
-// kernel, and not stateful, so that TensorFlow starts every such op of a step
-// as soon as its tensor exists instead of one after another; the queue fuses
-// what arrives together. graph_ops only builds it inside a tf.function, where
-// every rank runs the same graph and node names match. `serial` differs for
-// each op built, so that TensorFlow never merges two of them into one: with
-// constants that differ between ranks, it could merge on one rank only.
+// kernel, so that a step's allreduces wait in the queue together. It is
+// stateful (TensorFlow never folds, merges or moves it), and graph_ops exempts
+// its type from running in program order, as TensorFlow's own collectives are,
+// so that TensorFlow starts each as soon as its tensor exists. graph_ops only
+// builds it in the outermost graph of a tf.function, where every rank runs the
+// same graph and node names are the same on every rank.
 REGISTER_OP("KdistAllreduceAsync")
     .Input("tensor: T")
     .Output("reduced: T")
@@ -152,7 +153,7 @@ REGISTER_OP("KdistAllreduceAsync")
     .Attr("prescale: float = 1.0")
     .Attr("postscale: float = 1.0")
     .Attr("direct_bytes: int = 262144")
-    .Attr("serial: int = 0")
+    .SetIsStateful()
     .SetShapeFn([](shape_inference::InferenceContext* c) {
       c->set_output(0, c->input(0));
       return OkStatus();
@@ -164,8 +165,12 @@ class KdistAllreduceAsyncOp : public AsyncOpKernel {
     attrs_.Read(context);
     const ReductionAttrs& a = attrs_;
     key_ = kdist::Hash(name().data(), name().size(), 0);
-    const int64_t settings[5] = {a.op, a.average ? 1 : 0, static_cast<int64_t>(a.prescale * 1e6),
-                                 static_cast<int64_t>(a.postscale * 1e6), a.direct_bytes};
+    // The scales by their bits: the queue groups tensors by exact equality.
+    int32_t prescale_bits = 0, postscale_bits = 0;
+    std::memcpy(&prescale_bits, &a.prescale, sizeof(float));
+    std::memcpy(&postscale_bits, &a.postscale, sizeof(float));
+    const int64_t settings[5] = {a.op, a.average ? 1 : 0, prescale_bits, postscale_bits,
+                                 a.direct_bytes};
     settings_ = kdist::Hash(settings, sizeof(settings), 0);
   }
 
