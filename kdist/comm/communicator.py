@@ -165,9 +165,12 @@ class Communicator:
         """Reduces `flat`, which packs arrays of `shapes`, announcing their shapes' key."""
         dtype = protocol.dtype_code(flat.dtype)
         shapes = tuple(tuple(int(d) for d in shape) for shape in shapes)
-        named = [list(shape) for shape in shapes[:8]]
-        described = f"{label + ', ' if label else ''}shapes {named}" + (
-            " ..." if len(shapes) > 8 else "")
+        described = label
+        if len(shapes) > 1 or any(len(shape) > 1 for shape in shapes):
+            # One flat array's shape says no more than the count already does.
+            named = [list(shape) for shape in shapes[:8]]
+            described = f"{label + ', ' if label else ''}shapes {named}" + (
+                " ..." if len(shapes) > 8 else "")
         with self.lock:
             self._announce(protocol.ALLREDUCE, dtype, op, flat.size,
                            protocol.shapes_key(shapes), label=described)
