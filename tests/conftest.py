@@ -94,6 +94,8 @@ def mpirun(mpiexec_path, tmp_path):
             "KDIST_TEST_REPORTS": str(report_dir),
             "TF_CPP_MIN_LOG_LEVEL": "3",
             "PYTHONUNBUFFERED": "1",
+            # A rank that crashes in native code prints every thread's Python stack.
+            "PYTHONFAULTHANDLER": "1",
         }
         settings.update(env or {})
         if machines is not None:
