@@ -2,10 +2,14 @@
 launched from the first host through Open MPI's remote-shell agent, TCP the only path
 between hosts, as on a cluster."""
 
+import os
 import time
 
 import numpy as np
 import pytest
+
+import ps_reference
+from conftest import HERE
 
 pytestmark = pytest.mark.mpi
 
@@ -56,3 +60,52 @@ def test_a_host_that_drops_off_the_network_ends_the_job_in_seconds(mpirun):
     assert "lost communication with a remote daemon" in job.output
     assert "on node h1" in job.output
     assert not any(report.get("finished") for report in job.results.values())
+
+
+def test_a_parameter_server_shares_memory_on_its_host_and_sends_messages_across(mpirun,
+                                                                                tmp_path):
+    # Master and worker 1 on h0, workers 2 and 3 on h1: only worker 1's updates can sit
+    # in memory the master shares; the others travel as messages. Every reply still
+    # follows Downpour's rule, replayed from what the workers really sent.
+    record = tmp_path / "record"
+    record.mkdir()
+    job = mpirun("ps_train.py", n=4, args=["downpour", "--epochs", 2, "--record", record],
+                 hosts=2, timeout=300)
+    master = job.rank(0)
+    assert master["stats"]["shared_children"] == 1
+    ps_reference.check(record, ps_reference.Rules("downpour"), stats=master["stats"],
+                       final_weights=[job.rank(r)["weights"] for r in range(4)])
+
+
+def test_pipeline_stages_on_two_hosts_train_like_one_process(mpirun, tmp_path):
+    job = mpirun("pipeline_train.py", n=2, args=[2, 1, "1f1b", "sgd", "0",
+                                                 tmp_path / "weights.h5"], hosts=2, timeout=300)
+    for rank in range(2):
+        report = job.rank(rank)
+        assert report["stage"] == rank and report["weight_error"] < 1e-5, report
+        np.testing.assert_allclose(report["loss"], report["expected_loss"], rtol=1e-5)
+
+
+def test_a_search_group_spanning_two_hosts_trains_each_trial_data_parallel(mpirun, tmp_path):
+    # Rank 0 (h0) runs the oracle; ranks 1-3, on both hosts, form one data-parallel group.
+    job = mpirun("tune_search.py", n=4, hosts=2, timeout=400,
+                 args=[tmp_path, "--generic", "--workers-per-fold", 3, "--oracle", "random",
+                       "--trials", 3])
+    for rank in range(4):
+        assert job.rank(rank)["statuses"] == {str(i): "COMPLETED" for i in range(3)}
+
+
+def test_an_elastic_job_carries_on_without_a_rank_of_the_other_host(mpirun):
+    job = mpirun("elastic_train.py", n=4, hosts=2, fault_tolerant=True, check=False,
+                 timeout=240, args=["--lose-rank", 3, "--how", "kill", "--at-batch", 10])
+    survivors = [job.results[r] for r in sorted(job.results) if "size" in job.results[r]]
+    assert len(survivors) == 3, job.output[-3000:]
+    assert all(out["size"] == 3 and out["epoch"] == 2 for out in survivors)
+    assert len({out["weights_sum"] for out in survivors}) == 1
+
+
+def test_readmes_main_job_runs_across_two_hosts(mpirun):
+    quickstart = os.path.join(os.path.dirname(HERE), "examples", "quickstart.py")
+    job = mpirun(quickstart, n=2, hosts=2, args=["--epochs", 2], timeout=240)
+    assert "Training on 2 rank(s)" in job.output
+    assert "ranks hold identical weights: True" in job.output, job.output[-3000:]
