@@ -11,7 +11,9 @@ before it), so that whatever else the machine does touches all three alike:
 - `plain`: the plain Keras optimizer, no communication (the compute floor);
 - `serial`: `kdist.DistributedOptimizer` with every bucket waiting for the
   whole backward pass (`KDIST_OVERLAP=0`);
-- `overlap`: the same buckets, each reduced as soon as its gradients exist.
+- `overlap`: the same buckets, each reduced as soon as its gradients exist;
+- `raw_allreduce`: one `MPI.COMM_WORLD.Allreduce` of a buffer of the gradient's bytes,
+  the floor for the communication alone.
 
 `communication_ms` = serial - plain, `hidden_fraction` =
 (serial - overlap) / (serial - plain), per round from the median step times;
@@ -68,7 +70,10 @@ def first_step(model, overlap, x, y):
             os.environ["KDIST_OVERLAP"] = saved
 
 
-def interleaved(models, x, y, batch, steps, comm):
+def interleaved(models, x, y, batch, steps, comm, raw):
+    """Step times (ms) of each model, then of one raw allreduce of `raw` (its gradient's
+    bytes), per step: rows of [plain, serial, overlap, raw]."""
+    received = np.empty_like(raw)
     times = []
     for step in range(steps + SETTLE):
         rows = slice(batch * step, batch * (step + 1))
@@ -78,6 +83,10 @@ def interleaved(models, x, y, batch, steps, comm):
             start = time.perf_counter()
             model.train_on_batch(x[rows], y[rows])
             row.append((time.perf_counter() - start) * 1e3)
+        comm.Barrier()
+        start = time.perf_counter()
+        comm.Allreduce(raw, received)
+        row.append((time.perf_counter() - start) * 1e3)
         times.append(row)
     return np.array(times[SETTLE:])
 
@@ -117,13 +126,15 @@ def main():
         first_step(model, overlap, x[:args.batch], y[:args.batch])
     models = [model for model, _ in built]
     parameters = sum(int(np.prod(v.shape)) for v in models[0].trainable_variables)
+    raw = np.ones(parameters, np.float32)
     rounds = []
     for _ in range(args.rounds):
-        plain, serial, overlap = np.median(
-            interleaved(models, x, y, args.batch, args.steps, MPI.COMM_WORLD), axis=0)
+        plain, serial, overlap, allreduce = np.median(
+            interleaved(models, x, y, args.batch, args.steps, MPI.COMM_WORLD, raw), axis=0)
         communication = serial - plain
         rounds.append({"plain_ms": round(plain, 3), "serial_ms": round(serial, 3),
                        "overlap_ms": round(overlap, 3),
+                       "raw_allreduce_ms": round(allreduce, 3),
                        "communication_ms": round(communication, 3),
                        "hidden_fraction": round((serial - overlap) / communication, 3)
                        if communication > 0 else None})

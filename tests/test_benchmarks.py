@@ -63,6 +63,7 @@ def test_overlap_benchmark_reports_the_hidden_fraction_of_the_same_buckets(mpiru
     result = _json_from(job.output)
     assert result["buckets"] >= 3 and len(result["rounds"]) == 2
     for row in result["rounds"]:
+        assert row["raw_allreduce_ms"] > 0  # the floor, timed in the same steps
         assert row["communication_ms"] == pytest.approx(row["serial_ms"] - row["plain_ms"],
                                                         abs=0.02)
         if row["communication_ms"] > 0:
@@ -363,3 +364,27 @@ def test_pipeline_benchmark_sets_bubbles_beside_the_formula_and_peaks_per_stage(
         ("gpipe", False), ("gpipe", True)]
     assert all(len(r["peak_above_start_mb"]) == 2 for r in result["memory"])
     assert "| gpipe | 4 |" in done.stderr
+
+
+@pytest.mark.mpi
+def test_network_benchmark_sets_kdist_beside_the_raw_allreduce_over_a_limited_link(
+        mpiexec_path):
+    import emulated_hosts
+
+    why_not = emulated_hosts.available()
+    if why_not:
+        pytest.skip(why_not)
+    done = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "benchmarks", "network.py"), "--rates", "2",
+         "--width", "64", "--batch", "16", "--bucket-mb", "0.01", "--rounds", "1",
+         "--steps", "4"],
+        capture_output=True, text=True, timeout=300, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert len(rows) == 1 and rows[0]["link_gbit"] == 2 and rows[0]["buckets"] >= 2
+    row = rows[0]
+    assert row["compute_plus_allreduce_ms"] == pytest.approx(
+        row["compute_ms"] + row["raw_allreduce_ms"], abs=0.002)
+    assert row["overlap_ideal_ms"] == max(row["compute_ms"], row["raw_allreduce_ms"])
+    assert row["kdist_over_ideal"] == pytest.approx(
+        row["kdist_overlap_ms"] / row["overlap_ideal_ms"], rel=0.01)

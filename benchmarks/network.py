@@ -1,0 +1,126 @@
+"""Data-parallel steps over an emulated network: two hosts and a link of a chosen rate.
+
+    python benchmarks/network.py [--rates 1,5,25,0] [--width 512] [--depth 2] [--batch 64]
+        [--bucket-mb 4] [--rounds 3] [--steps 20]
+
+Needs root and `tc` (network namespaces: tests/emulated_hosts.py). For each link rate in
+Gbit/s (0: no limit) it makes two hosts as network namespaces joined by a bridge, with
+link-local addresses and no route out, limits what each host sends with tc's token
+bucket filter (`tbf`), and runs benchmarks/overlap.py with one rank per host, started
+from the first host through Open MPI's remote-shell agent as on a cluster. Both hosts
+share this machine's cores, so each rank is pinned to a core of its own.
+
+Per rate it prints one JSON object, the medians of overlap.py's rounds: one process's
+compute (`plain`), the raw allreduce of the gradient's bytes over the same link, their
+sum, the overlap ideal max(compute, allreduce), and kdist's step with every bucket waiting
+for the backward pass (`serial`) and with buckets reduced as they are ready (`overlap`),
+with the fraction of the communication that overlap hides and kdist's step over the
+overlap ideal.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+
+
+def limit_link(hosts, index, gbit):
+    """Limits what host `index` sends to `gbit` Gbit/s (tbf on its side of the veth)."""
+    if not gbit:
+        return
+    rate = gbit * 1e9 / 8  # bytes per second
+    # A bucket of about 1 ms at the rate: bursts the link could carry anyway, no more.
+    burst = max(int(rate * 1e-3), 64 * 1024)
+    device = f"{hosts.prefix}e{index}"
+    subprocess.run(["tc", "-n", hosts.namespace(hosts.names[index]), "qdisc", "add", "dev",
+                    device, "root", "tbf", "rate", f"{gbit}gbit", "burst", str(burst),
+                    "latency", "100ms"], check=True, capture_output=True)
+
+
+def run_case(gbit, overlap_args, timeout):
+    import emulated_hosts
+
+    from kdist.cli import mpiexec_command
+
+    with emulated_hosts.EmulatedHosts(2) as hosts:
+        for index in range(2):
+            limit_link(hosts, index, gbit)
+        # One rank per host, each on its own core (the hosts share this machine's).
+        inner = (f"exec taskset -c \"$OMPI_COMM_WORLD_RANK\" {sys.executable} -u "
+                 f"{os.path.join(HERE, 'overlap.py')} {' '.join(overlap_args)}")
+        forward = ["TF_CPP_MIN_LOG_LEVEL", "PYTHONUNBUFFERED"]
+        extra = hosts.mpi_args(1, forward=forward) + ["--bind-to", "none"]
+        argv, env = mpiexec_command(2, ["sh", "-c", inner], extra=extra)
+        env.update({"TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONUNBUFFERED": "1"})
+        done = subprocess.run(hosts.on_first_host(argv), env=env, capture_output=True,
+                              text=True, timeout=timeout)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode != 0 or not lines:
+        raise RuntimeError(f"the {gbit} Gbit/s case failed:\n{(done.stdout + done.stderr)[-3000:]}")
+    return json.loads(lines[-1])
+
+
+def summarize(gbit, result):
+    m = result["median"]
+    compute, allreduce = m["plain_ms"], m["raw_allreduce_ms"]
+    ideal = max(compute, allreduce)
+    return {
+        "benchmark": "network",
+        "link_gbit": gbit or "unlimited",
+        "model": result["model"],
+        "gradient_megabytes": result["gradient_megabytes"],
+        "buckets": result["buckets"],
+        "compute_ms": compute,
+        "raw_allreduce_ms": allreduce,
+        "compute_plus_allreduce_ms": round(compute + allreduce, 3),
+        "overlap_ideal_ms": round(ideal, 3),
+        "kdist_serial_ms": m["serial_ms"],
+        "kdist_overlap_ms": m["overlap_ms"],
+        "hidden_fraction": m.get("hidden_fraction"),
+        "kdist_over_ideal": round(m["overlap_ms"] / ideal, 3) if ideal > 0 else None,
+        "kdist_over_compute_plus_allreduce": round(m["overlap_ms"] / (compute + allreduce), 3),
+        "rounds": result["rounds"],
+    }
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rates", default="1,5,25,0",
+                        help="link rates in Gbit/s, comma-separated; 0 means no limit")
+    parser.add_argument("--width", type=int, default=512)
+    parser.add_argument("--depth", type=int, default=2)
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--bucket-mb", type=float, default=4.0)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--timeout", type=float, default=600)
+    args = parser.parse_args()
+    try:
+        rates = [float(r) for r in args.rates.split(",")]
+    except ValueError:
+        parser.error(f"--rates takes numbers separated by commas; got {args.rates!r}")
+    if any(r < 0 for r in rates):
+        parser.error("--rates must not be negative")
+    import emulated_hosts
+
+    why_not = emulated_hosts.available() or (
+        None if shutil.which("tc") else "limiting a link needs the `tc` command (iproute2)")
+    if why_not:
+        sys.exit(f"benchmarks/network.py: {why_not}")
+    overlap_args = [f"--width {args.width}", f"--depth {args.depth}", f"--batch {args.batch}",
+                    f"--bucket-mb {args.bucket_mb}", f"--rounds {args.rounds}",
+                    f"--steps {args.steps}", "--inter-op-threads 2"]
+    for gbit in rates:
+        gbit = int(gbit) if gbit == int(gbit) else gbit
+        print(json.dumps(summarize(gbit, run_case(gbit, overlap_args, args.timeout))),
+              flush=True)
+
+
+if __name__ == "__main__":
+    main()
