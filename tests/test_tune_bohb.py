@@ -245,3 +245,39 @@ def test_the_bohb_tuner_trains_promoted_trials_on_from_their_parents(tmp_path):
     assert first <= parent.score * 1.05
     best = tuner.get_best_hyperparameters(1)[0]
     assert 1e-3 <= best["lr"] <= 1e-1
+
+
+def test_a_used_up_space_idles_while_running_trials_may_be_promoted_then_stops(tmp_path):
+    # Two choices only: the space is used up after two configurations. While they run,
+    # a tuner asking for work must wait (keras-tuner's Hyperband says IDLE), not leave;
+    # once they finished and were promoted as far as the budget goes, STOPPED.
+    hp = kt.HyperParameters()
+    hp.Choice("x", [0.1, 0.3])
+    oracle = kdist.tune.BOHBOracle(objective=kt.Objective("loss", "min"), hyperparameters=hp,
+                                   max_epochs=9, factor=3)
+    oracle._set_project_dir(str(tmp_path), "bohb")
+    oracle.verbose = 0
+    first, second = oracle.create_trial("t0"), oracle.create_trial("t1")
+    assert first.status == second.status == "RUNNING"
+    idle = oracle.create_trial("t2")
+    assert idle.status == "IDLE"
+    statuses = []
+    for trial in (first, second):
+        oracle.update_trial(trial.trial_id, {"loss": trial.hyperparameters.values["x"]})
+        trial.status = "COMPLETED"
+        oracle.end_trial(trial)
+    while True:
+        trial = oracle.create_trial("t0")
+        statuses.append(trial.status)
+        if trial.status != "RUNNING":
+            break
+        oracle.update_trial(trial.trial_id, {"loss": 0.01})
+        trial.status = "COMPLETED"
+        oracle.end_trial(trial)
+    assert statuses[-1] == "STOPPED" and "IDLE" not in statuses
+
+
+def test_a_bad_factor_is_refused_in_keras_tuners_words():
+    for factor in (1, 2.5):
+        with pytest.raises(ValueError, match="factor needs to be an int larger than 1"):
+            kdist.tune.BOHBOracle(objective="loss", factor=factor)

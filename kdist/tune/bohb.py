@@ -14,7 +14,9 @@ Two things differ from keras-tuner's Hyperband:
   at its budget in its bracket (a round never promotes more than that share
   in all); when none does, the request starts a new configuration, in
   Hyperband's order of brackets. Nothing waits for a round to fill, so a
-  group of ranks is never handed `IDLE` while budget is left.
+  group of ranks is handed `IDLE` only when no new configuration fits (the
+  budget left, or a search space used up) while a running trial may still
+  earn a promotion; `STOPPED` once nothing can change.
 - **New configurations come from a model (BOHB).** Once enough trials have
   finished, kdist's Gaussian process (as in `BayesianOracle`) is fitted to
   every result with the budget as one more input, and proposes the
@@ -118,7 +120,10 @@ class BOHBOracle(ComparesValues, BayesianOracle):
                          allow_new_entries=allow_new_entries, tune_new_entries=tune_new_entries,
                          max_retries_per_trial=max_retries_per_trial,
                          max_consecutive_failed_trials=max_consecutive_failed_trials)
-        for name, value, least in (("max_epochs", max_epochs, 1), ("factor", factor, 2),
+        if int(factor) != factor or factor < 2:
+            # Worded as keras-tuner's Hyperband words it, whose users match on it.
+            raise ValueError(f"factor needs to be an int larger than 1; got {factor}.")
+        for name, value, least in (("max_epochs", max_epochs, 1),
                                    ("hyperband_iterations", hyperband_iterations, 1)):
             if int(value) != value or value < least:
                 raise ValueError(f"{name} must be an integer >= {least}; got {value}.")
@@ -165,11 +170,16 @@ class BOHBOracle(ComparesValues, BayesianOracle):
             return {"status": kt.engine.trial.TrialStatus.RUNNING, "values": promotion}
         bracket = self._next_bracket(rounds, left)
         if bracket is None:
+            if self._may_promote_later(rounds, left):
+                return {"status": kt.engine.trial.TrialStatus.IDLE, "values": None}
             logger.info("BOHB: budget spent (%d of %d epochs)", self.spent, self.budget)
             return {"status": kt.engine.trial.TrialStatus.STOPPED, "values": None}
         values = self._new_configuration(trial_id)
         if values is None:
-            return {"status": kt.engine.trial.TrialStatus.STOPPED, "values": None}
+            # The space is used up; a running trial may still earn a promotion.
+            status = kt.engine.trial.TrialStatus
+            waiting = self._may_promote_later(rounds, left)
+            return {"status": status.IDLE if waiting else status.STOPPED, "values": None}
         values.update({"tuner/epochs": self.epochs(bracket, 0), "tuner/initial_epoch": 0,
                        "tuner/bracket": bracket, "tuner/round": 0})
         return {"status": kt.engine.trial.TrialStatus.RUNNING, "values": values}
@@ -211,6 +221,19 @@ class BOHBOracle(ComparesValues, BayesianOracle):
                        "tuner/initial_epoch": self.epochs(bracket, round_ - 1),
                        "tuner/bracket": bracket, "tuner/round": round_})
         return values
+
+    def _may_promote_later(self, rounds, left):
+        """Whether a trial still running could, once finished, be promoted within the
+        `left` epochs: then a tuner asking for work is told to wait (IDLE), not to
+        leave (STOPPED), as keras-tuner's Hyperband tells it."""
+        for (bracket, round_), trials in rounds.items():
+            if round_ >= bracket:
+                continue
+            if self.epochs(bracket, round_ + 1) - self.epochs(bracket, round_) > left:
+                continue
+            if any(t.status == kt.engine.trial.TrialStatus.RUNNING for t in trials):
+                return True
+        return False
 
     def _rounds(self):
         rounds = {}
