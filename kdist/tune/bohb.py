@@ -225,13 +225,15 @@ class BOHBOracle(ComparesValues, BayesianOracle):
     def _may_promote_later(self, rounds, left):
         """Whether a trial still running could, once finished, be promoted within the
         `left` epochs: then a tuner asking for work is told to wait (IDLE), not to
-        leave (STOPPED), as keras-tuner's Hyperband tells it."""
+        leave (STOPPED), as keras-tuner's Hyperband tells it. Running means handed to a
+        tuner and not yet ended (keras-tuner's `ongoing_trials`)."""
+        running = {trial.trial_id for trial in self.ongoing_trials.values()}
         for (bracket, round_), trials in rounds.items():
             if round_ >= bracket:
                 continue
             if self.epochs(bracket, round_ + 1) - self.epochs(bracket, round_) > left:
                 continue
-            if any(t.status == kt.engine.trial.TrialStatus.RUNNING for t in trials):
+            if any(t.trial_id in running for t in trials):
                 return True
         return False
 
