@@ -197,11 +197,7 @@ class BOHBOracle(ComparesValues, BayesianOracle):
         """
         promoted = {t.hyperparameters.values.get("tuner/trial_id") for t in self.trials.values()}
         best = None
-        for (bracket, round_), trials in rounds.items():
-            if round_ >= bracket:
-                continue
-            if self.epochs(bracket, round_ + 1) - self.epochs(bracket, round_) > left:
-                continue
+        for bracket, round_, trials in self._promotable_rounds(rounds, left):
             finished = self._ranked([t for t in trials if t.status == _COMPLETED])
             share = len(finished) // self.factor
             if sum(t.trial_id in promoted for t in trials) >= share:
@@ -228,14 +224,16 @@ class BOHBOracle(ComparesValues, BayesianOracle):
         leave (STOPPED), as keras-tuner's Hyperband tells it. Running means handed to a
         tuner and not yet ended (keras-tuner's `ongoing_trials`)."""
         running = {trial.trial_id for trial in self.ongoing_trials.values()}
+        return any(t.trial_id in running
+                   for _, _, trials in self._promotable_rounds(rounds, left) for t in trials)
+
+    def _promotable_rounds(self, rounds, left):
+        """(bracket, round, trials) of the rounds that have a next round whose extra
+        epochs fit in the `left` of the budget."""
         for (bracket, round_), trials in rounds.items():
-            if round_ >= bracket:
-                continue
-            if self.epochs(bracket, round_ + 1) - self.epochs(bracket, round_) > left:
-                continue
-            if any(t.trial_id in running for t in trials):
-                return True
-        return False
+            if round_ < bracket and (
+                    self.epochs(bracket, round_ + 1) - self.epochs(bracket, round_) <= left):
+                yield bracket, round_, trials
 
     def _rounds(self):
         rounds = {}
