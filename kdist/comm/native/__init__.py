@@ -34,7 +34,8 @@ import time
 logger = logging.getLogger(__name__)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-OPS_SOURCES = ("engine.h", "engine.cc", "fusion.h", "fusion.cc", "ops.cc")
+OPS_SOURCES = ("engine.h", "engine.cc", "fusion.h", "fusion.cc", "ring.h", "ring.cc",
+               "ops.cc")
 XLA_SOURCES = ("xla.cc", "shim/farmhash.h", "shim/highwayhash/arch_specific.h",
                "shim/highwayhash/hh_types.h", "shim/highwayhash/highwayhash.h")
 
@@ -101,7 +102,8 @@ def _build_ops(tf):
     name = f"libkdist_ops_{key}.so"
     library = os.path.join(_cache_dir(), "ops", name)
     _compile(library, [compiler, "-O3", "-shared", "-fPIC", "-w", "engine.cc", "fusion.cc",
-                       "ops.cc", f"-Wl,-soname,{name}"] + flags, "kdist's collective ops")
+                       "ring.cc", "ops.cc", f"-Wl,-soname,{name}"] + flags,
+             "kdist's collective ops")
     return library
 
 

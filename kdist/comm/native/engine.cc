@@ -1,7 +1,7 @@
 // The MPI side of kdist's in-graph collectives; see engine.h for the protocol.
 #include "engine.h"
+#include "ring.h"
 
-#include <sched.h>
 #include <time.h>
 
 #include <algorithm>
@@ -45,12 +45,6 @@ std::atomic<int> g_timeline_mode{0};
 std::mutex g_timeline_mutex;
 std::string g_timeline_lines;
 constexpr size_t kTimelineLimit = size_t{256} << 20;
-
-int64_t EnvMicroseconds(const char* name, int64_t fallback) {
-  const char* value = std::getenv(name);
-  if (value == nullptr || *value == '\0') return fallback;
-  return std::max<int64_t>(0, std::atoll(value));
-}
 
 int64_t WallNanoseconds() {
   timespec now;
@@ -101,29 +95,6 @@ class WaitScope {
   }
   ~WaitScope() { g_wait_since.store(0); }
 };
-
-// Waits for a request without holding a core when the wait is long: spin
-// first (peers usually arrive within microseconds), then yield the core to
-// anyone who wants it, then sleep briefly between tests.
-int WaitFor(MPI_Request* request) {
-  static const int64_t spin_ns = EnvMicroseconds("KDIST_WAIT_SPIN_US", 100) * 1000;
-  static const int64_t yield_ns = EnvMicroseconds("KDIST_WAIT_YIELD_US", 2000) * 1000;
-  static const int64_t sleep_ns = EnvMicroseconds("KDIST_WAIT_SLEEP_US", 50) * 1000;
-  const int64_t start = NowNanoseconds();
-  int done = 0;
-  while (true) {
-    const int rc = MPI_Test(request, &done, MPI_STATUS_IGNORE);
-    if (rc != MPI_SUCCESS || done) return rc;
-    const int64_t waited = NowNanoseconds() - start;
-    if (waited < spin_ns) continue;
-    if (waited < yield_ns) {
-      sched_yield();
-    } else {
-      timespec pause{0, static_cast<long>(sleep_ns)};
-      nanosleep(&pause, nullptr);
-    }
-  }
-}
 
 std::string MpiError(int rc) {
   char text[MPI_MAX_ERROR_STRING];
@@ -361,9 +332,17 @@ Status AllreduceLocked(MPI_Comm comm, const void* send, void* recv, int64_t coun
   status = Announce(comm, kAllreduce, dtype, op, count, shapes_key, description);
   if (!status.ok) return status;
   WaitScope waiting(description + ", moving data");
-  Span span("allreduce", description, count * ElementSize(dtype));
-  const void* source = send == recv ? MPI_IN_PLACE : send;
+  const int64_t bytes = count * ElementSize(dtype);
   const MPI_Op mpi_op = scaled_sum ? ScaledSumOp(dtype) : MpiOp(dtype, op);
+  MPI_Comm ring;
+  if (UseRing(comm, bytes, &ring)) {
+    Span span("ring allreduce", description, bytes);
+    if (send != recv) std::memcpy(recv, send, bytes);
+    return Check(RingAllreduce(recv, count, ElementSize(dtype), MpiType(dtype), mpi_op, ring),
+                 "the ring allreduce", description);
+  }
+  Span span("allreduce", description, bytes);
+  const void* source = send == recv ? MPI_IN_PLACE : send;
   return Check(MPI_Allreduce(source, recv, static_cast<int>(count), MpiType(dtype), mpi_op,
                              comm),
                "MPI_Allreduce", description);
@@ -423,12 +402,20 @@ Status Announce(MPI_Comm comm, int64_t kind, int64_t dtype, int64_t op, int64_t 
     send[i] = header[i];
     send[kHeaderSize + i] = -header[i];
   }
+  // Between hosts a wait lasts a network's round trip at least; there the waiting
+  // thread goes from spinning straight to sleeping, as the ring does (ring.h).
+  // The first time a communicator asks, that is a collective, watched as a wait.
+  bool yield = true;
+  {
+    WaitScope waiting(what);
+    yield = !SpansHosts(comm);
+  }
   Span span("negotiate", what, 0);
   MPI_Request request;
   int rc = MPI_Iallreduce(send, recv, 2 * kHeaderSize, MPI_INT64_T, MPI_MAX, comm, &request);
   if (rc == MPI_SUCCESS) {
     WaitScope waiting(what);
-    rc = WaitFor(&request);
+    rc = WaitAll(1, &request, yield);
   }
   Status status = Check(rc, "announcing a collective", what);
   if (!status.ok) return status;
