@@ -4,6 +4,8 @@
     kdist run -n 2 -- hostname              # any command
     kdist launch -n 2 train.py              # 2 local TensorFlow workers with TF_CONFIG
     kdist info                              # versions, MPI, ranks, threads, devices
+    kdist plan --parameters 25e6 --step-ms 200 --batch 32 --nodes 16 --gbit 10
+                                            # which layout, bucket size and batch
     kdist docs                              # build the docs site into site/
 """
 
@@ -421,6 +423,68 @@ def _add_launch_arguments(parser, what):
     parser.add_argument("command", nargs=argparse.REMAINDER)
 
 
+def _add_plan_parser(sub):
+    plan = sub.add_parser(
+        "plan", help="predict each layout's step time on a cluster and recommend one",
+        description="Predicts, with an alpha-beta cost model, the step time, samples per "
+                    "second and scaling efficiency of data parallelism (with the bucket size "
+                    "it predicts fastest), pipelines, split layers, a parameter server and "
+                    "gossip, for a model on a cluster; fastest first.")
+    plan.add_argument("--parameters", type=float, required=True,
+                      help="trainable parameters, e.g. 25e6")
+    plan.add_argument("--step-ms", type=float, required=True,
+                      help="one device's forward and backward pass at --batch, in ms")
+    plan.add_argument("--batch", type=int, required=True, help="samples per rank per step")
+    plan.add_argument("--nodes", type=int, default=1)
+    plan.add_argument("--per-node", type=int, default=1, help="ranks (cores or GPUs) per node")
+    plan.add_argument("--gbit", type=float, default=10.0,
+                      help="network bandwidth between nodes in Gbit/s (default 10)")
+    plan.add_argument("--latency-us", type=float, default=10.0,
+                      help="network latency between nodes in microseconds (default 10)")
+    plan.add_argument("--memory-gb", type=float, default=None,
+                      help="memory one rank may use, GB (default: no limit)")
+    plan.add_argument("--activation-bytes", type=float, default=None,
+                      help="one sample's activations between two layers, in bytes "
+                           "(considers pipelines and split layers)")
+    plan.add_argument("--layers", type=int, default=8, help="layers that could be split")
+    plan.add_argument("--overlap", type=float, default=0.5,
+                      help="fraction of the overlappable communication hidden (default 0.5)")
+    plan.add_argument("--json", action="store_true", help="print JSON")
+    plan.set_defaults(func=_plan)
+
+
+def _plan(args):
+    from kdist.distribute import planner
+    from kdist.distribute.cost_model import Link
+
+    try:
+        work = planner.Workload(parameters=args.parameters, step_seconds=args.step_ms / 1e3,
+                                batch_per_rank=args.batch, layers=args.layers,
+                                activation_bytes_per_sample=args.activation_bytes)
+        cluster = planner.Cluster(
+            nodes=args.nodes, per_node=args.per_node,
+            inter=Link.from_gbit(args.gbit, args.latency_us), overlap=args.overlap,
+            memory_bytes=None if args.memory_gb is None else args.memory_gb * 1e9)
+        layouts = planner.plan(work, cluster)
+        batch = planner.batch_for_efficiency(work, cluster)
+    except (TypeError, ValueError) as error:
+        sys.exit(f"kdist plan: {error}")
+    if args.json:
+        print(json.dumps({"layouts": [layout.to_dict() for layout in layouts],
+                          "batch_per_rank_for_efficiency_0.8": batch}))
+        return 0
+    best = layouts[0]
+    print(f"{cluster.ranks} ranks ({args.nodes} nodes x {args.per_node}), "
+          f"{args.gbit:g} Gbit/s, {args.latency_us:g} us between nodes; "
+          f"{args.parameters:,.0f} parameters, batch {args.batch} per rank\n")
+    print(planner.describe(layouts))
+    print(f"\nRecommended: {best.layout} ({best.step_seconds * 1e3:.1f} ms per step, "
+          f"efficiency {best.efficiency:.2f}).")
+    print("Efficiency 0.8 needs a batch per rank of "
+          + (f"{batch}." if batch else "more than 16384: the network sets the pace."))
+    return 0
+
+
 def build_parser():
     parser = argparse.ArgumentParser(prog="kdist", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="verb", required=True)
@@ -451,6 +515,7 @@ def build_parser():
     info = sub.add_parser("info", help="print versions, MPI, ranks, threads and devices")
     info.add_argument("--json", action="store_true", help="print JSON")
     info.set_defaults(func=_info)
+    _add_plan_parser(sub)
     docs = sub.add_parser("docs", help="build the docs site (needs the docs extra)")
     docs.add_argument("--site-dir", default="site",
                       help="where the site is written (default: site/)")

@@ -5,6 +5,8 @@
 - `MultiWorkerMirroredStrategy`: TensorFlow's multi-worker strategy, working
   with Keras 3 (`kdist launch`, TF_CONFIG, SLURM).
 - `SyncBatchNormalization`: batch normalization over the global batch of all ranks.
+- `plan(Workload(...), Cluster(...))`: each layout's predicted step time on a cluster
+  (`kdist plan` on the command line); `Link` and `fit_link` describe the network.
 
 Names load on first use, so that `kdist launch` starts its workers without
 importing TensorFlow itself.
@@ -21,6 +23,11 @@ _LAZY = {
     "choose": "kdist.distribute.selection",
     "resolve_cluster": "kdist.distribute.cluster",
     "cluster_spec_from_environ": "kdist.distribute.cluster",
+    "plan": "kdist.distribute.planner",
+    "Workload": "kdist.distribute.planner",
+    "Cluster": "kdist.distribute.planner",
+    "Link": "kdist.distribute.cost_model",
+    "fit_link": "kdist.distribute.cost_model",
 }
 
 
