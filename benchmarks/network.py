@@ -1,6 +1,7 @@
 """Data-parallel steps over an emulated network: two hosts and a link of a chosen rate.
 
-    python benchmarks/network.py [--rates 1,5,25,0] [--width 512] [--depth 2] [--batch 64]
+    python benchmarks/network.py [--rates 1,5,25,0] [--model mlp|conv] [--width 512]
+        [--depth 2] [--batch 64]
         [--bucket-mb 4] [--rounds 3] [--steps 20]
 
 Needs root and `tc` (network namespaces: tests/emulated_hosts.py). For each link rate in
@@ -15,7 +16,9 @@ compute (`plain`), the raw allreduce of the gradient's bytes over the same link,
 sum, the overlap ideal max(compute, allreduce), and kdist's step with every bucket waiting
 for the backward pass (`serial`) and with buckets reduced as they are ready (`overlap`),
 with the fraction of the communication that overlap hides and kdist's step over the
-overlap ideal.
+overlap ideal. The cost model (kdist.distribute.cost_model) is fitted to raw allreduces of
+64 KiB to 16 MiB over the same link, and its predictions of the gradient's allreduce and
+of kdist's steps (overlap 0 and 0.5) stand beside the measurements.
 """
 
 import argparse
@@ -54,7 +57,9 @@ def run_case(gbit, overlap_args, timeout):
         # One rank per host, each on its own core (the hosts share this machine's).
         inner = (f"exec taskset -c \"$OMPI_COMM_WORLD_RANK\" {sys.executable} -u "
                  f"{os.path.join(HERE, 'overlap.py')} {' '.join(overlap_args)}")
-        forward = ["TF_CPP_MIN_LOG_LEVEL", "PYTHONUNBUFFERED"]
+        # kdist's own settings (KDIST_RING, bucket sizes, waits) reach both hosts.
+        forward = ["TF_CPP_MIN_LOG_LEVEL", "PYTHONUNBUFFERED"] + sorted(
+            name for name in os.environ if name.startswith("KDIST_"))
         extra = hosts.mpi_args(1, forward=forward) + ["--bind-to", "none"]
         argv, env = mpiexec_command(2, ["sh", "-c", inner], extra=extra)
         env.update({"TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONUNBUFFERED": "1"})
@@ -66,10 +71,33 @@ def run_case(gbit, overlap_args, timeout):
     return json.loads(lines[-1])
 
 
-def summarize(gbit, result):
+def predict(result, bucket_bytes):
+    """The cost model's figures: the link fitted from the probe's raw allreduces, then
+    the gradient's raw allreduce and kdist's steps predicted from one process's compute."""
+    from kdist.distribute import cost_model
+
+    sizes, times = zip(*result["probe"])
+    link = cost_model.fit_link(sizes, [t / 1e3 for t in times], result["ranks"])
+    compute = result["median"]["plain_ms"] / 1e3
+    grads = result["gradient_megabytes"] * 1e6
+
+    def step(overlap):
+        return cost_model.data_parallel_step(compute, grads, result["ranks"], link,
+                                             bucket_bytes=bucket_bytes, overlap=overlap)
+
+    return {"fitted_latency_us": round(link.latency * 1e6, 1),
+            "fitted_gbit": round(link.bandwidth * 8 / 1e9, 3),
+            "predicted_raw_allreduce_ms": round(
+                cost_model.allreduce_time(grads, result["ranks"], link) * 1e3, 3),
+            "predicted_serial_ms": round(step(0.0) * 1e3, 3),
+            "predicted_overlap_ms": round(step(0.5) * 1e3, 3)}
+
+
+def summarize(gbit, result, bucket_bytes):
     m = result["median"]
     compute, allreduce = m["plain_ms"], m["raw_allreduce_ms"]
     ideal = max(compute, allreduce)
+    model = predict(result, bucket_bytes)
     return {
         "benchmark": "network",
         "link_gbit": gbit or "unlimited",
@@ -85,6 +113,9 @@ def summarize(gbit, result):
         "hidden_fraction": m.get("hidden_fraction"),
         "kdist_over_ideal": round(m["overlap_ms"] / ideal, 3) if ideal > 0 else None,
         "kdist_over_compute_plus_allreduce": round(m["overlap_ms"] / (compute + allreduce), 3),
+        **model,
+        "overlap_over_predicted": round(m["overlap_ms"] / model["predicted_overlap_ms"], 3),
+        "serial_over_predicted": round(m["serial_ms"] / model["predicted_serial_ms"], 3),
         "rounds": result["rounds"],
     }
 
@@ -93,6 +124,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rates", default="1,5,25,0",
                         help="link rates in Gbit/s, comma-separated; 0 means no limit")
+    parser.add_argument("--model", choices=("mlp", "conv"), default="mlp")
     parser.add_argument("--width", type=int, default=512)
     parser.add_argument("--depth", type=int, default=2)
     parser.add_argument("--batch", type=int, default=64)
@@ -113,13 +145,13 @@ def main():
         None if shutil.which("tc") else "limiting a link needs the `tc` command (iproute2)")
     if why_not:
         sys.exit(f"benchmarks/network.py: {why_not}")
-    overlap_args = [f"--width {args.width}", f"--depth {args.depth}", f"--batch {args.batch}",
-                    f"--bucket-mb {args.bucket_mb}", f"--rounds {args.rounds}",
-                    f"--steps {args.steps}", "--inter-op-threads 2"]
+    overlap_args = [f"--model {args.model}", f"--width {args.width}", f"--depth {args.depth}",
+                    f"--batch {args.batch}", f"--bucket-mb {args.bucket_mb}", f"--rounds {args.rounds}",
+                    f"--steps {args.steps}", "--inter-op-threads 2", "--probe"]
     for gbit in rates:
         gbit = int(gbit) if gbit == int(gbit) else gbit
-        print(json.dumps(summarize(gbit, run_case(gbit, overlap_args, args.timeout))),
-              flush=True)
+        result = run_case(gbit, overlap_args, args.timeout)
+        print(json.dumps(summarize(gbit, result, args.bucket_mb * 2**20)), flush=True)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
     kdist run -n 2 --no-prefix benchmarks/overlap.py [--width 1024] [--depth 4]
         [--batch 256] [--bucket-mb 4] [--inter-op-threads 2] [--rounds 3] [--steps 20]
+        [--model mlp|conv] [--probe]
 
 Three copies of one MLP (784, then `--depth` layers of `--width`, then 10;
 4.0M parameters and 16 MB of gradient by default) train side by side, one
@@ -34,21 +35,24 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _mlp import synthetic_mnist_like  # noqa: E402
+from _mlp import build_convnet, synthetic_images, synthetic_mnist_like  # noqa: E402
 
 SETTLE = 2
 
 
-def build(width, depth, distributed, overlap, bucket_bytes):
+def build(width, depth, distributed, overlap, bucket_bytes, conv=False):
     import keras
 
     import kdist
 
     keras.utils.set_random_seed(0)
-    model = keras.Sequential(
-        [keras.Input((784,))]
-        + [keras.layers.Dense(width, activation="relu") for _ in range(depth)]
-        + [keras.layers.Dense(10)])
+    if conv:
+        model = build_convnet(width, dense=128 * depth)
+    else:
+        model = keras.Sequential(
+            [keras.Input((784,))]
+            + [keras.layers.Dense(width, activation="relu") for _ in range(depth)]
+            + [keras.layers.Dense(10)])
     optimizer = keras.optimizers.SGD(0.01)
     if distributed:
         optimizer = kdist.DistributedOptimizer(optimizer, bucket_bytes=bucket_bytes)
@@ -91,6 +95,22 @@ def interleaved(models, x, y, batch, steps, comm, raw):
     return np.array(times[SETTLE:])
 
 
+def link_probe(comm, repeats=9):
+    """[bytes, median ms] of raw allreduces of 64 KiB to 16 MiB."""
+    rows = []
+    for nbytes in (2**16, 2**18, 2**20, 2**22, 2**24):
+        data = np.ones(nbytes // 4, np.float32)
+        out = np.empty_like(data)
+        times = []
+        for _ in range(repeats):
+            comm.Barrier()
+            start = time.perf_counter()
+            comm.Allreduce(data, out)
+            times.append((time.perf_counter() - start) * 1e3)
+        rows.append([nbytes, round(float(np.median(times)), 4)])
+    return rows
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--width", type=int, default=1024)
@@ -100,6 +120,12 @@ def main():
     parser.add_argument("--inter-op-threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--model", choices=("mlp", "conv"), default="mlp",
+                        help="conv: the convolutional net of benchmarks/_mlp.py on 32x32 "
+                             "images, --width filters and a dense layer of 128 x --depth")
+    parser.add_argument("--probe", action="store_true",
+                        help="also time raw allreduces of 64 KiB to 16 MiB (the link's "
+                             "latency and bandwidth, for the cost model)")
     args = parser.parse_args()
     if min(args.width, args.depth, args.batch, args.inter_op_threads, args.rounds) < 1:
         parser.error("--width, --depth, --batch, --inter-op-threads and --rounds must be "
@@ -119,8 +145,10 @@ def main():
     if kdist.size() < 2:
         parser.error("run it on 2 or more ranks: kdist run -n 2 benchmarks/overlap.py")
     bucket_bytes = int(args.bucket_mb * 2**20)
-    x, y = synthetic_mnist_like(args.batch * (args.steps + SETTLE), seed=kdist.rank())
-    built = [build(args.width, args.depth, name != "plain", name == "overlap", bucket_bytes)
+    data = synthetic_images if args.model == "conv" else synthetic_mnist_like
+    x, y = data(args.batch * (args.steps + SETTLE), seed=kdist.rank())
+    built = [build(args.width, args.depth, name != "plain", name == "overlap", bucket_bytes,
+                   conv=args.model == "conv")
              for name in ("plain", "serial", "overlap")]
     for model, overlap in built:
         first_step(model, overlap, x[:args.batch], y[:args.batch])
@@ -140,11 +168,14 @@ def main():
                        if communication > 0 else None})
     median = {key: round(float(np.median([r[key] for r in rounds if r[key] is not None])), 3)
               for key in rounds[0] if any(r[key] is not None for r in rounds)}
+    probe = link_probe(MPI.COMM_WORLD) if args.probe else None
     if kdist.rank() == 0:
         reducer = next(iter(models[2].optimizer._reducers.values()))
         print(json.dumps({
             "benchmark": "overlap",
-            "model": f"MLP 784-{args.depth}x{args.width}-10 ({parameters:,} parameters)",
+            "model": (f"convnet {args.width}/{2 * args.width} filters, dense {128 * args.depth}"
+                      if args.model == "conv" else f"MLP 784-{args.depth}x{args.width}-10")
+            + f" ({parameters:,} parameters)",
             "batch_per_rank": args.batch,
             "ranks": kdist.size(),
             "gradient_megabytes": round(4 * parameters / 1e6, 2),
@@ -153,6 +184,7 @@ def main():
             "steps_per_round": args.steps,
             "median": median,
             "rounds": rounds,
+            **({"probe": probe} if probe else {}),
         }), flush=True)
 
 

@@ -388,3 +388,7 @@ def test_network_benchmark_sets_kdist_beside_the_raw_allreduce_over_a_limited_li
     assert row["overlap_ideal_ms"] == max(row["compute_ms"], row["raw_allreduce_ms"])
     assert row["kdist_over_ideal"] == pytest.approx(
         row["kdist_overlap_ms"] / row["overlap_ideal_ms"], rel=0.01)
+    # The cost model is fitted to the limited link: were the limit not applied, the
+    # loopback's tens of Gbit/s would show.
+    assert 0 < row["fitted_gbit"] <= 2 * 1.2
+    assert row["predicted_serial_ms"] >= row["predicted_overlap_ms"] >= row["compute_ms"]
