@@ -12,7 +12,8 @@ from the first host through Open MPI's remote-shell agent as on a cluster. Both 
 share this machine's cores, so each rank is pinned to a core of its own.
 
 Per rate it prints one JSON object, the medians of overlap.py's rounds: one process's
-compute (`plain`), the raw allreduce of the gradient's bytes over the same link, their
+compute (`plain`; the slower rank's, which a synchronous step waits for), the raw
+allreduce of the gradient's bytes over the same link, their
 sum, the overlap ideal max(compute, allreduce), and kdist's step with every bucket waiting
 for the backward pass (`serial`) and with buckets reduced as they are ready (`overlap`),
 with the fraction of the communication that overlap hides and kdist's step over the
@@ -71,14 +72,14 @@ def run_case(gbit, overlap_args, timeout):
     return json.loads(lines[-1])
 
 
-def predict(result, bucket_bytes):
+def predict(result, bucket_bytes, compute_ms):
     """The cost model's figures: the link fitted from the probe's raw allreduces, then
     the gradient's raw allreduce and kdist's steps predicted from one process's compute."""
     from kdist.distribute import cost_model
 
     sizes, times = zip(*result["probe"])
     link = cost_model.fit_link(sizes, [t / 1e3 for t in times], result["ranks"])
-    compute = result["median"]["plain_ms"] / 1e3
+    compute = compute_ms / 1e3
     grads = result["gradient_megabytes"] * 1e6
 
     def step(overlap):
@@ -95,9 +96,11 @@ def predict(result, bucket_bytes):
 
 def summarize(gbit, result, bucket_bytes):
     m = result["median"]
-    compute, allreduce = m["plain_ms"], m["raw_allreduce_ms"]
+    # A synchronous step waits for the slowest rank's compute; the hosts' cores differ.
+    compute, allreduce = max(result["plain_ms_per_rank"]), m["raw_allreduce_ms"]
     ideal = max(compute, allreduce)
-    model = predict(result, bucket_bytes)
+    model = predict(result, bucket_bytes, compute)
+    communication = m["serial_ms"] - compute
     return {
         "benchmark": "network",
         "link_gbit": gbit or "unlimited",
@@ -105,18 +108,21 @@ def summarize(gbit, result, bucket_bytes):
         "gradient_megabytes": result["gradient_megabytes"],
         "buckets": result["buckets"],
         "compute_ms": compute,
+        "compute_ms_per_rank": result["plain_ms_per_rank"],
         "raw_allreduce_ms": allreduce,
         "compute_plus_allreduce_ms": round(compute + allreduce, 3),
         "overlap_ideal_ms": round(ideal, 3),
         "kdist_serial_ms": m["serial_ms"],
         "kdist_overlap_ms": m["overlap_ms"],
-        "hidden_fraction": m.get("hidden_fraction"),
+        "hidden_fraction": round((m["serial_ms"] - m["overlap_ms"]) / communication, 3)
+        if communication > 0 else None,
         "kdist_over_ideal": round(m["overlap_ms"] / ideal, 3) if ideal > 0 else None,
         "kdist_over_compute_plus_allreduce": round(m["overlap_ms"] / (compute + allreduce), 3),
         **model,
         "overlap_over_predicted": round(m["overlap_ms"] / model["predicted_overlap_ms"], 3),
         "serial_over_predicted": round(m["serial_ms"] / model["predicted_serial_ms"], 3),
         "rounds": result["rounds"],
+        "probe_bytes_ms": result["probe"],
     }
 
 

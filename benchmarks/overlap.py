@@ -168,6 +168,8 @@ def main():
                        if communication > 0 else None})
     median = {key: round(float(np.median([r[key] for r in rounds if r[key] is not None])), 3)
               for key in rounds[0] if any(r[key] is not None for r in rounds)}
+    # A synchronous step waits for the slowest rank's compute: each rank's own.
+    plain_per_rank = MPI.COMM_WORLD.allgather(median["plain_ms"])
     probe = link_probe(MPI.COMM_WORLD) if args.probe else None
     if kdist.rank() == 0:
         reducer = next(iter(models[2].optimizer._reducers.values()))
@@ -183,6 +185,7 @@ def main():
             "inter_op_threads": args.inter_op_threads,
             "steps_per_round": args.steps,
             "median": median,
+            "plain_ms_per_rank": plain_per_rank,
             "rounds": rounds,
             **({"probe": probe} if probe else {}),
         }), flush=True)

@@ -169,7 +169,8 @@ def tensor_parallel_step(compute, ways, layers, activation_bytes, link):
 
 
 def fit_link(sizes, seconds, ranks):
-    """The `Link` whose ring allreduce best fits measured times (least squares).
+    """The `Link` whose ring allreduce best fits measured times (least squares in
+    relative error).
 
     `sizes`: payloads in bytes (two distinct ones at least), `seconds`: the
     measured allreduce time of each, over `ranks` ranks.
@@ -189,9 +190,14 @@ def fit_link(sizes, seconds, ranks):
     seconds = np.asarray(seconds, dtype=float)
     if sizes.shape != seconds.shape or len(np.unique(sizes)) < 2:
         raise ValueError("fit_link needs one time per size and two distinct sizes at least.")
-    # t = alpha * 2(p-1) + beta * n * 2(p-1)/p
+    if np.any(seconds <= 0):
+        raise ValueError("measured times must be positive.")
+    # t = alpha * 2(p-1) + beta * n * 2(p-1)/p, fitted in relative error (each row divided
+    # by its time), so that the largest payload does not decide alone and the small
+    # ones' latency counts.
     design = np.stack([np.full_like(sizes, 2 * (p - 1)), sizes * 2 * (p - 1) / p], axis=1)
-    (alpha, beta), *_ = np.linalg.lstsq(design, seconds, rcond=None)
+    (alpha, beta), *_ = np.linalg.lstsq(design / seconds[:, None], np.ones_like(seconds),
+                                        rcond=None)
     if beta <= 0:
         raise ValueError("the measured times do not grow with the size; measure larger "
                          "payloads.")
