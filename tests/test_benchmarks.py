@@ -392,3 +392,24 @@ def test_network_benchmark_sets_kdist_beside_the_raw_allreduce_over_a_limited_li
     # loopback's tens of Gbit/s would show.
     assert 0 < row["fitted_gbit"] <= 2 * 1.2
     assert row["predicted_serial_ms"] >= row["predicted_overlap_ms"] >= row["compute_ms"]
+
+
+@pytest.mark.mpi
+def test_decentralized_benchmark_over_a_limited_link_spans_two_hosts_and_records_a_curve(
+        mpiexec_path):
+    import emulated_hosts
+
+    why_not = emulated_hosts.available()
+    if why_not:
+        pytest.skip(why_not)
+    done = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "benchmarks", "decentralized.py"), "--workers",
+         "2", "--epochs", "2", "--width", "32", "--methods", "allreduce-topk",
+         "--straggler", "off", "--link-gbit", "5", "--target", "0.5"],
+        capture_output=True, text=True, timeout=300, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    row = json.loads(done.stdout)["rows"][0]
+    assert sorted(row["hosts"]) == ["h0", "h1"]
+    assert len(row["curve"]) == 2 and row["curve"][0][0] < row["curve"][1][0]
+    # Four classes: compressed to 1 % of the entries, training still learns the task.
+    assert row["curve"][-1][1] > 0.5 and row["seconds_to_target"] is not None
