@@ -134,7 +134,8 @@ def main():
     parser.add_argument("--width", type=int, default=512)
     parser.add_argument("--depth", type=int, default=2)
     parser.add_argument("--batch", type=int, default=64)
-    parser.add_argument("--bucket-mb", type=float, default=4.0)
+    parser.add_argument("--bucket-mb", type=float, default=4.0,
+                        help="most MiB per bucket; 0: kdist's default between hosts")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--timeout", type=float, default=600)
@@ -147,6 +148,8 @@ def main():
         parser.error("--rates must not be negative")
     import emulated_hosts
 
+    from kdist.comm import fusion
+
     why_not = emulated_hosts.available() or (
         None if shutil.which("tc") else "limiting a link needs the `tc` command (iproute2)")
     if why_not:
@@ -157,7 +160,9 @@ def main():
     for gbit in rates:
         gbit = int(gbit) if gbit == int(gbit) else gbit
         result = run_case(gbit, overlap_args, args.timeout)
-        print(json.dumps(summarize(gbit, result, args.bucket_mb * 2**20)), flush=True)
+        bucket_bytes = args.bucket_mb * 2**20 or fusion.auto_bucket_bytes(
+            result["gradient_megabytes"] * 1e6, spans_hosts=True)
+        print(json.dumps(summarize(gbit, result, bucket_bytes)), flush=True)
 
 
 if __name__ == "__main__":

@@ -116,7 +116,8 @@ def main():
     parser.add_argument("--width", type=int, default=1024)
     parser.add_argument("--depth", type=int, default=4)
     parser.add_argument("--batch", type=int, default=256)
-    parser.add_argument("--bucket-mb", type=float, default=4.0)
+    parser.add_argument("--bucket-mb", type=float, default=4.0,
+                        help="most MiB per bucket; 0: kdist's default for the job")
     parser.add_argument("--inter-op-threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=20)
@@ -130,8 +131,8 @@ def main():
     if min(args.width, args.depth, args.batch, args.inter_op_threads, args.rounds) < 1:
         parser.error("--width, --depth, --batch, --inter-op-threads and --rounds must be "
                      "positive")
-    if args.steps <= SETTLE or args.bucket_mb <= 0:
-        parser.error(f"--steps must be more than {SETTLE} and --bucket-mb positive")
+    if args.steps <= SETTLE or args.bucket_mb < 0:
+        parser.error(f"--steps must be more than {SETTLE} and --bucket-mb not negative")
 
     import tensorflow as tf
 
@@ -144,7 +145,7 @@ def main():
     kdist.init()
     if kdist.size() < 2:
         parser.error("run it on 2 or more ranks: kdist run -n 2 benchmarks/overlap.py")
-    bucket_bytes = int(args.bucket_mb * 2**20)
+    bucket_bytes = int(args.bucket_mb * 2**20) or None
     data = synthetic_images if args.model == "conv" else synthetic_mnist_like
     x, y = data(args.batch * (args.steps + SETTLE), seed=kdist.rank())
     built = [build(args.width, args.depth, name != "plain", name == "overlap", bucket_bytes,

@@ -58,6 +58,30 @@ def test_buckets_respect_the_byte_limit_and_keep_order():
         fusion.plan_buckets([1], bucket_bytes=0)
 
 
+def test_between_hosts_the_default_bucket_is_a_quarter_of_the_gradient(monkeypatch):
+    import tensorflow as tf
+
+    from kdist.comm import tensors
+
+    grads = [tf.zeros((1024, 1024)), tf.zeros((1024,)), tf.zeros((1024, 1024)),
+             tf.zeros((1024, 1024)), tf.zeros((1024, 1024)), tf.zeros((10,))]
+    dense = dict(enumerate(grads))
+
+    def buckets(spans_hosts, **kwargs):
+        monkeypatch.setattr(tensors, "_job_spans_hosts", lambda: spans_hosts)
+        return tensors.TensorReducer(**kwargs)._plan(list(dense), dense)
+
+    # 16 MiB of gradient: one bucket on one host; between hosts at least four, in
+    # backpropagation order, every tensor in exactly one.
+    assert len(buckets(False)) == 1
+    split = buckets(True)
+    assert len(split) >= 4 and split[0][0] == 5
+    assert sorted(i for bucket in split for i in bucket) == list(range(6))
+    # A size given is a size kept.
+    assert len(buckets(True, bucket_bytes=64 * 2**20)) == 1
+    assert fusion.auto_bucket_bytes(100, spans_hosts=True) == fusion.HOSTS_MIN_BUCKET_BYTES
+
+
 class _TwoRanks:
     """Two ranks in one process for top-k: the other rank sends `other` rows."""
 

@@ -24,6 +24,29 @@ One step's gradients, through `kdist.comm.tensors.TensorReducer` and then
 """
 
 DEFAULT_BUCKET_BYTES = 64 * 1024 * 1024
+# Between hosts a gradient travels in at least HOSTS_BUCKETS buckets of at least
+# HOSTS_MIN_BUCKET_BYTES, so that all but the last can cross the network while the
+# backward pass computes the earlier layers' gradients (docs/performance.md: a 0.6M
+# convolutional net in one bucket hid nothing at 1 Gbit/s, in three about half).
+HOSTS_BUCKETS = 4
+HOSTS_MIN_BUCKET_BYTES = 1024 * 1024
+
+
+def auto_bucket_bytes(total_bytes, spans_hosts):
+    """The bucket size when none is given, for `total_bytes` of gradient: on one host
+    DEFAULT_BUCKET_BYTES (one collective for most models: nothing to hide behind); between
+    hosts a quarter of the gradient, between HOSTS_MIN_BUCKET_BYTES and
+    DEFAULT_BUCKET_BYTES.
+
+    >>> auto_bucket_bytes(40 * 2**20, spans_hosts=True) // 2**20
+    10
+    >>> auto_bucket_bytes(40 * 2**20, spans_hosts=False) // 2**20
+    64
+    """
+    if not spans_hosts:
+        return DEFAULT_BUCKET_BYTES
+    share = -(-int(total_bytes) // HOSTS_BUCKETS)
+    return min(DEFAULT_BUCKET_BYTES, max(HOSTS_MIN_BUCKET_BYTES, share))
 
 
 def plan_buckets(sizes, bucket_bytes=DEFAULT_BUCKET_BYTES, itemsize=4):

@@ -22,7 +22,7 @@ import numpy as np
 
 from kdist.comm import compression as compression_lib
 from kdist.comm import processes
-from kdist.comm.fusion import DEFAULT_BUCKET_BYTES, plan_buckets
+from kdist.comm.fusion import auto_bucket_bytes, plan_buckets
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +38,9 @@ class TensorReducer:
         comm: the `Communicator` (the world by default).
         compression: a `Compression` mode, applied to floating tensors.
         average: divide by the number of contributing ranks (else sum).
-        bucket_bytes: most bytes per fused collective.
+        bucket_bytes: most bytes per fused collective; None (the default) chooses
+            (`kdist.comm.fusion.auto_bucket_bytes`): 64 MiB on one host, a quarter of
+            the list's bytes (1-64 MiB) when the job spans hosts.
         num_groups: if positive, split each list into about this many
             collectives of equal size instead.
         groups: explicit fusion: a list of lists of positions in the lists
@@ -62,16 +64,16 @@ class TensorReducer:
     """
 
     def __init__(self, comm=None, compression=None, average=True,
-                 bucket_bytes=DEFAULT_BUCKET_BYTES, num_groups=0, name="kdist", groups=None,
+                 bucket_bytes=None, num_groups=0, name="kdist", groups=None,
                  prescale_factor=1.0, postscale_factor=1.0, overlap=None):
-        if int(bucket_bytes) <= 0:
+        if bucket_bytes is not None and int(bucket_bytes) <= 0:
             raise ValueError(f"bucket_bytes must be positive; got {bucket_bytes}.")
         if int(num_groups or 0) < 0:
             raise ValueError(f"num_groups must be 0 or positive; got {num_groups}.")
         self._comm = comm
         self.compression = compression_lib.get(compression)
         self.average = bool(average)
-        self.bucket_bytes = int(bucket_bytes)
+        self.bucket_bytes = None if bucket_bytes is None else int(bucket_bytes)
         self.num_groups = int(num_groups or 0)
         self.groups = _check_groups(groups)
         self.prescale_factor = float(prescale_factor)
@@ -145,7 +147,8 @@ class TensorReducer:
                 members = members[::-1]  # backpropagation order
                 sizes = [int(np.prod(dense[i].shape)) for i in members]
                 itemsize = members and dense[members[0]].dtype.size
-                bucket_bytes = self.bucket_bytes
+                bucket_bytes = self.bucket_bytes or auto_bucket_bytes(
+                    itemsize * sum(sizes), _job_spans_hosts())
                 if self.num_groups:
                     bucket_bytes = max(1, -(-itemsize * sum(sizes) // self.num_groups))
                 plan += [members[start:stop] for start, stop in
@@ -153,6 +156,13 @@ class TensorReducer:
         self._plans[signature] = plan
         logger.debug("%s: %d tensors in %d bucket(s)", self.name, len(indices), len(plan))
         return plan
+
+
+def _job_spans_hosts():
+    """Whether this job's ranks are on more than one host (no communication needed)."""
+    from kdist.comm import job
+
+    return job.local_size() < job.size()
 
 
 def _overlap_from_environment():

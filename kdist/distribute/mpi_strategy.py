@@ -35,7 +35,6 @@ from tensorflow.python.distribute import values as tf_values
 
 from kdist.comm import collectives
 from kdist.comm import processes
-from kdist.comm.fusion import DEFAULT_BUCKET_BYTES
 from kdist.comm.tensors import TensorReducer
 from kdist.distribute import consistency
 
@@ -75,7 +74,9 @@ class MPIStrategy(distribute_lib.Strategy):
             (the world by default).
         compression: `kdist.Compression.none` (default), `.fp16` or
             `.topk(ratio)` for the gradient allreduce.
-        bucket_bytes: most bytes of gradient per fused collective.
+        bucket_bytes: most bytes of gradient per collective; None (the default): 64 MiB on one host, a
+            quarter of the gradient (1-64 MiB) when the job spans hosts, so that buckets
+            overlap the backward pass.
         device: the device each rank computes on; by default its GPU if it
             has one (kdist gives each local rank its own), else the CPU.
 
@@ -91,7 +92,7 @@ class MPIStrategy(distribute_lib.Strategy):
         3.0
     """
 
-    def __init__(self, comm=None, compression=None, bucket_bytes=DEFAULT_BUCKET_BYTES,
+    def __init__(self, comm=None, compression=None, bucket_bytes=None,
                  device=None):
         # Before TensorFlow starts: init gives this rank its cores and GPU.
         processes.init()

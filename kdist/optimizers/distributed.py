@@ -23,7 +23,6 @@ from keras import ops
 from kdist import _args
 from kdist.callbacks import agreement
 from kdist.comm import collectives
-from kdist.comm import fusion
 from kdist.distribute import consistency
 from kdist.comm.processes import Average, Sum
 from kdist.optimizers import reduction as reduction_lib
@@ -50,7 +49,9 @@ class AllreduceOptimizer(keras.optimizers.Optimizer):
             allreduce and update (a whole number, at least 1).
         average_aggregated_gradients: with `backward_passes_per_step > 1`,
             divide the summed gradient by that number.
-        bucket_bytes: most bytes of gradient per collective.
+        bucket_bytes: most bytes of gradient per collective; None (the default): 64 MiB on one host, a
+            quarter of the gradient (1-64 MiB) when the job spans hosts, so that buckets
+            overlap the backward pass.
         num_groups: if positive, split the gradients into about this many
             collectives of equal size instead (overrides `bucket_bytes`).
         name: the optimizer's name.
@@ -79,7 +80,7 @@ class AllreduceOptimizer(keras.optimizers.Optimizer):
     """
 
     def __init__(self, optimizer, compression=None, backward_passes_per_step=1,
-                 average_aggregated_gradients=False, bucket_bytes=fusion.DEFAULT_BUCKET_BYTES,
+                 average_aggregated_gradients=False, bucket_bytes=None,
                  num_groups=0, name=None, comm=None, op=None, gradient_predivide_factor=1.0,
                  sparse_as_dense=False, groups=None, local_variables=None,
                  scale_local_gradients=True, **kwargs):
@@ -665,8 +666,6 @@ def PartialDistributedOptimizer(optimizer, name=None, device_dense="", device_sp
 def _distributed(optimizer, bucket_bytes=None, **kwargs):
     from kdist import precision
 
-    if bucket_bytes is None:
-        bucket_bytes = fusion.DEFAULT_BUCKET_BYTES
     scaling = {}
     inner_scaled = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
     if inner_scaled:

@@ -15,7 +15,6 @@ import keras
 from kdist import Adasum, _args
 from kdist.comm import collectives
 from kdist.comm import compression as compression_lib
-from kdist.comm import fusion
 from kdist.comm import processes
 from kdist.comm import tensors
 from kdist.comm.processes import Average, Sum
@@ -29,7 +28,9 @@ class GradientReduction:
             at each call so that an elastic job's new world is used).
         compression: `kdist.Compression.none`, `.fp16` or `.topk(ratio)`.
         op: `kdist.Average` (default) or `kdist.Sum`.
-        bucket_bytes: most bytes of gradient per collective.
+        bucket_bytes: most bytes of gradient per collective; None (the default): 64 MiB on one host, a
+            quarter of the gradient (1-64 MiB) when the job spans hosts, so that buckets
+            overlap the backward pass.
         num_groups: if positive, about this many collectives of equal size.
         groups: None, or a list of lists of variables (or variable paths),
             each fused into one collective.
@@ -49,7 +50,7 @@ class GradientReduction:
     """
 
     def __init__(self, comm=None, compression=None, op=None,
-                 bucket_bytes=fusion.DEFAULT_BUCKET_BYTES, num_groups=0, groups=None,
+                 bucket_bytes=None, num_groups=0, groups=None,
                  gradient_predivide_factor=1.0, sparse_as_dense=False,
                  scale_local_gradients=True, name="kdist"):
         self.op = check_op(op)
@@ -59,7 +60,8 @@ class GradientReduction:
             raise ValueError("gradient_predivide_factor splits an average before and after the "
                              f"sum; it needs op=kdist.Average, not op={op!r}.")
         self.num_groups, self.groups = check_groups(groups, num_groups)
-        self.bucket_bytes = _args.whole_number(bucket_bytes, "bucket_bytes", minimum=1)
+        self.bucket_bytes = (None if bucket_bytes is None
+                             else _args.whole_number(bucket_bytes, "bucket_bytes", minimum=1))
         self.compression = compression_lib.get(compression)
         self.sparse_as_dense = bool(sparse_as_dense)
         self.scale_local_gradients = bool(scale_local_gradients)

@@ -19,7 +19,6 @@ average, wasted time).
 import tensorflow as tf
 
 from kdist.comm import collectives
-from kdist.comm import fusion
 from kdist.comm.processes import Average
 from kdist.optimizers.reduction import GradientReduction, is_variable, local_layer_list
 
@@ -62,7 +61,9 @@ class DistributedGradientTape(tf.GradientTape):
         process_set: a `kdist.ProcessSet`: reduce among its ranks only.
         scale_local_gradients: divide the gradients of local sources
             (`register_local_source`) by the number of ranks, as Horovod does.
-        bucket_bytes: most bytes of gradient per fused collective.
+        bucket_bytes: most bytes of gradient per collective; None (the default): 64 MiB on one host, a
+            quarter of the gradient (1-64 MiB) when the job spans hosts, so that buckets
+            overlap the backward pass.
         comm: a `kdist.comm.Communicator` to reduce over instead.
 
     Example:
@@ -81,7 +82,7 @@ class DistributedGradientTape(tf.GradientTape):
     def __init__(self, gradtape, device_dense="", device_sparse="", compression=None,
                  sparse_as_dense=False, op=Average, gradient_predivide_factor=1.0,
                  num_groups=0, groups=None, process_set=None, scale_local_gradients=True,
-                 bucket_bytes=fusion.DEFAULT_BUCKET_BYTES, comm=None):
+                 bucket_bytes=None, comm=None):
         if not isinstance(gradtape, tf.GradientTape):
             raise TypeError("DistributedGradientTape wraps a tf.GradientTape; got "
                             f"{type(gradtape).__name__}.")
