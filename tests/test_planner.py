@@ -51,6 +51,10 @@ def test_buckets_overlap_the_backward_pass_but_not_the_last_one():
     half = cost_model.data_parallel_step(compute, grads, 2, link, bucket_bytes=1e6, overlap=0.5)
     assert half == pytest.approx(0.3 + 0.1 - 0.5 * 0.09)
     assert cost_model.bucket_sizes(10, 4) == [4, 4, 2]
+    # Where the core copies at the link's rate, nothing is waiting and nothing hides.
+    copying = cost_model.data_parallel_step(compute, grads, 2, link, bucket_bytes=1e6,
+                                            overlap=1, copy_rate=link.bandwidth)
+    assert copying == pytest.approx(0.4)
 
 
 def test_fit_link_recovers_latency_and_bandwidth_and_refuses_bad_data():

@@ -103,13 +103,17 @@ def bucket_sizes(total_bytes, bucket_bytes):
 
 
 def data_parallel_step(compute, gradient_bytes, ranks, link, bucket_bytes=64 * 2**20,
-                       overlap=0.5, backward_fraction=2 / 3, allreduce=None):
+                       overlap=0.5, backward_fraction=2 / 3, allreduce=None,
+                       copy_rate=math.inf):
     """Seconds per step of synchronous data parallelism.
 
     `compute`: one rank's forward and backward pass in seconds. The buckets are
     reduced one after another; all but the last (the first layers', produced
     last) can travel during the backward pass, and `overlap` of that is hidden.
     `allreduce(nbytes)`: the time of one bucket (default: a ring on `link`).
+    `copy_rate`: bytes per second the rank's own core moves onto the wire (the
+    kernel's copying); a transfer is waiting, and can hide, only for the part of
+    it that the link, not the core, sets: 1 - bandwidth / copy_rate.
     """
     compute = float(compute)
     if not 0 <= overlap <= 1:
@@ -122,7 +126,8 @@ def data_parallel_step(compute, gradient_bytes, ranks, link, bucket_bytes=64 * 2
         return compute
     communication = sum(times)
     hideable = communication - times[-1]
-    hidden = overlap * min(compute * backward_fraction, hideable)
+    waiting = max(0.0, 1.0 - link.bandwidth / copy_rate)
+    hidden = overlap * waiting * min(compute * backward_fraction, hideable)
     return compute + communication - hidden
 
 
