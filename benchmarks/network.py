@@ -82,12 +82,11 @@ def fitted_link(result):
     return cost_model.fit_link(sizes, [t / 1e3 for t in times], result["ranks"])
 
 
-def predict(result, bucket_bytes, compute_ms, copy_rate):
-    """The cost model's figures: the link fitted from the probe's raw allreduces, then
+def predict(result, link, bucket_bytes, compute_ms, copy_rate):
+    """The cost model's figures for the `link` fitted from the probe's raw allreduces:
     the gradient's raw allreduce and kdist's steps predicted from one process's compute."""
     from kdist.distribute import cost_model
 
-    link = fitted_link(result)
     compute = compute_ms / 1e3
     grads = result["gradient_megabytes"] * 1e6
 
@@ -104,12 +103,12 @@ def predict(result, bucket_bytes, compute_ms, copy_rate):
             "predicted_overlap_ms": round(step(0.5) * 1e3, 3)}
 
 
-def summarize(gbit, result, bucket_bytes, copy_rate):
+def summarize(gbit, result, link, bucket_bytes, copy_rate):
     m = result["median"]
     # A synchronous step waits for the slowest rank's compute; the hosts' cores differ.
     compute, allreduce = max(result["plain_ms_per_rank"]), m["raw_allreduce_ms"]
     ideal = max(compute, allreduce)
-    model = predict(result, bucket_bytes, compute, copy_rate)
+    model = predict(result, link, bucket_bytes, compute, copy_rate)
     communication = m["serial_ms"] - compute
     return {
         "benchmark": "network",
@@ -173,11 +172,12 @@ def main():
     for gbit in sorted(rates, key=lambda rate: rate != 0):
         gbit = int(gbit) if gbit == int(gbit) else gbit
         result = run_case(gbit, overlap_args, args.timeout)
+        link = fitted_link(result)
         if not gbit:
-            copy_rate = fitted_link(result).bandwidth
+            copy_rate = link.bandwidth
         bucket_bytes = args.bucket_mb * 2**20 or fusion.auto_bucket_bytes(
             result["gradient_megabytes"] * 1e6, spans_hosts=True)
-        print(json.dumps(summarize(gbit, result, bucket_bytes, copy_rate)), flush=True)
+        print(json.dumps(summarize(gbit, result, link, bucket_bytes, copy_rate)), flush=True)
 
 
 if __name__ == "__main__":

@@ -366,20 +366,27 @@ def test_pipeline_benchmark_sets_bubbles_beside_the_formula_and_peaks_per_stage(
     assert "| gpipe | 4 |" in done.stderr
 
 
-@pytest.mark.mpi
-def test_network_benchmark_sets_kdist_beside_the_raw_allreduce_over_a_limited_link(
-        mpiexec_path):
+def _run_over_emulated_hosts(script, *args):
+    """Runs a benchmark that makes its own emulated hosts (skipped where it cannot);
+    fails the test if the benchmark fails."""
     import emulated_hosts
 
     why_not = emulated_hosts.available()
     if why_not:
         pytest.skip(why_not)
     done = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "benchmarks", "network.py"), "--rates", "2",
-         "--width", "64", "--batch", "16", "--bucket-mb", "0.01", "--rounds", "1",
-         "--steps", "4"],
+        [sys.executable, os.path.join(ROOT, "benchmarks", script), *args],
         capture_output=True, text=True, timeout=300, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
     assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+@pytest.mark.mpi
+def test_network_benchmark_sets_kdist_beside_the_raw_allreduce_over_a_limited_link(
+        mpiexec_path):
+    done = _run_over_emulated_hosts("network.py", "--rates", "2", "--width", "64", "--batch",
+                                    "16", "--bucket-mb", "0.01", "--rounds", "1", "--steps",
+                                    "4")
     rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     assert len(rows) == 1 and rows[0]["link_gbit"] == 2 and rows[0]["buckets"] >= 2
     row = rows[0]
@@ -397,17 +404,10 @@ def test_network_benchmark_sets_kdist_beside_the_raw_allreduce_over_a_limited_li
 @pytest.mark.mpi
 def test_decentralized_benchmark_over_a_limited_link_spans_two_hosts_and_records_a_curve(
         mpiexec_path):
-    import emulated_hosts
-
-    why_not = emulated_hosts.available()
-    if why_not:
-        pytest.skip(why_not)
-    done = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "benchmarks", "decentralized.py"), "--workers",
-         "2", "--epochs", "2", "--width", "32", "--methods", "allreduce-topk",
-         "--straggler", "off", "--link-gbit", "5", "--target", "0.5"],
-        capture_output=True, text=True, timeout=300, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
-    assert done.returncode == 0, done.stderr[-3000:]
+    done = _run_over_emulated_hosts("decentralized.py", "--workers", "2", "--epochs", "2",
+                                    "--width", "32", "--methods", "allreduce-topk",
+                                    "--straggler", "off", "--link-gbit", "5", "--target",
+                                    "0.5")
     row = json.loads(done.stdout)["rows"][0]
     assert sorted(row["hosts"]) == ["h0", "h1"]
     assert len(row["curve"]) == 2 and row["curve"][0][0] < row["curve"][1][0]

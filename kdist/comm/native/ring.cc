@@ -64,6 +64,21 @@ RingInfo* InfoOf(MPI_Comm comm) {
   return info;
 }
 
+// One step of the ring: `send_count` elements from `send` to the right-hand
+// neighbour, `receive_count` into `receive` from the left-hand one, both waited
+// for without holding the core.
+int Shift(const char* send, int64_t send_count, char* receive, int64_t receive_count,
+          MPI_Datatype type, int left, int right, MPI_Comm ring) {
+  constexpr int kTag = 7411;
+  MPI_Request requests[2];
+  int rc = MPI_Irecv(receive, static_cast<int>(receive_count), type, left, kTag, ring,
+                     &requests[0]);
+  if (rc != MPI_SUCCESS) return rc;
+  rc = MPI_Isend(send, static_cast<int>(send_count), type, right, kTag, ring, &requests[1]);
+  if (rc != MPI_SUCCESS) return rc;
+  return WaitAll(2, requests, false);
+}
+
 }  // namespace
 
 int WaitAll(int n, MPI_Request* requests, bool yield) {
@@ -125,20 +140,13 @@ int RingAllreduce(void* buffer, int64_t count, int64_t element_size, MPI_Datatyp
   char* data = static_cast<char*>(buffer);
   std::vector<char> incoming(static_cast<size_t>(counts[0] * element_size));
   const int right = (rank + 1) % size, left = (rank + size - 1) % size;
-  constexpr int kTag = 7411;
   auto part = [&](int step) { return ((step % size) + size) % size; };
   // Reduce-scatter: after step s, part (rank - s - 1) holds s + 2 ranks' values;
   // after size - 1 steps this rank holds part (rank + 1) reduced over all ranks.
   for (int s = 0; s < size - 1; ++s) {
     const int out = part(rank - s), in = part(rank - s - 1);
-    MPI_Request requests[2];
-    int rc = MPI_Irecv(incoming.data(), static_cast<int>(counts[in]), type, left, kTag, ring,
-                       &requests[0]);
-    if (rc != MPI_SUCCESS) return rc;
-    rc = MPI_Isend(data + offsets[out] * element_size, static_cast<int>(counts[out]), type,
-                   right, kTag, ring, &requests[1]);
-    if (rc != MPI_SUCCESS) return rc;
-    rc = WaitAll(2, requests, false);
+    int rc = Shift(data + offsets[out] * element_size, counts[out], incoming.data(),
+                   counts[in], type, left, right, ring);
     if (rc != MPI_SUCCESS) return rc;
     rc = MPI_Reduce_local(incoming.data(), data + offsets[in] * element_size,
                           static_cast<int>(counts[in]), type, op);
@@ -147,14 +155,9 @@ int RingAllreduce(void* buffer, int64_t count, int64_t element_size, MPI_Datatyp
   // Allgather: each reduced part travels once round the ring.
   for (int s = 0; s < size - 1; ++s) {
     const int out = part(rank + 1 - s), in = part(rank - s);
-    MPI_Request requests[2];
-    int rc = MPI_Irecv(data + offsets[in] * element_size, static_cast<int>(counts[in]), type,
-                       left, kTag, ring, &requests[0]);
-    if (rc != MPI_SUCCESS) return rc;
-    rc = MPI_Isend(data + offsets[out] * element_size, static_cast<int>(counts[out]), type,
-                   right, kTag, ring, &requests[1]);
-    if (rc != MPI_SUCCESS) return rc;
-    rc = WaitAll(2, requests, false);
+    const int rc = Shift(data + offsets[out] * element_size, counts[out],
+                         data + offsets[in] * element_size, counts[in], type, left, right,
+                         ring);
     if (rc != MPI_SUCCESS) return rc;
   }
   return MPI_SUCCESS;
