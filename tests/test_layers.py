@@ -152,3 +152,29 @@ def test_no_module_is_shadowed_by_a_public_name_of_its_package(package):
         if (folder / f"{name}.py").exists() or (folder / name / "__init__.py").exists():
             assert getattr(module, name).__name__.endswith(f"{package}.{name}"), (
                 f"{package}.{name} is both a module and another public object")
+
+
+def _variables_read_by_the_code():
+    """Every `KDIST_*` name in kdist's sources, less the C/C++ macros they define."""
+    names, macros = set(), set()
+    for path in PACKAGE.rglob("*"):
+        if path.suffix not in (".py", ".cc", ".h", ".sh"):
+            continue
+        text = path.read_text()
+        names |= set(re.findall(r"(?<![A-Z0-9_])KDIST_[A-Z0-9][A-Z0-9_]*", text))
+        macros |= set(re.findall(r"#\s*(?:define|ifndef)\s+(KDIST_\w+)", text))
+    return names - macros
+
+
+def test_every_environment_variable_is_in_the_table_and_every_row_is_read():
+    text = (ROOT / "docs" / "api.md").read_text()
+    table = text[text.index("## Environment variables"):]
+    documented = set()
+    for row in re.findall(r"^\| ([^|]+) \|", table, flags=re.M):
+        documented |= set(re.findall(r"`(KDIST_\w+)`", row))
+    read = _variables_read_by_the_code()
+    assert read, "found no KDIST_ variable in the sources: the scan is broken"
+    assert not read - documented, f"read by kdist, missing from docs/api.md's table: " \
+                                  f"{sorted(read - documented)}"
+    assert not documented - read, f"in docs/api.md's table, read nowhere: " \
+                                  f"{sorted(documented - read)}"
