@@ -43,11 +43,28 @@ def _read_reports(report_dir):
     return results
 
 
+WITHOUT_MPI = "KDIST_TEST_WITHOUT_MPI"
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+    """Refuses to run a selection that holds multi-process tests when MPI is missing:
+    skipping them would leave a green run that tested none of the distributed behaviour.
+    `KDIST_TEST_WITHOUT_MPI=1` skips them knowingly instead."""
+    needs_mpi = [item for item in items if "mpiexec_path" in getattr(item, "fixturenames", ())]
+    if needs_mpi and _mpiexec() is None and not os.environ.get(WITHOUT_MPI):
+        raise pytest.UsageError(
+            f"{len(needs_mpi)} selected tests launch MPI jobs, but mpi4py or mpiexec is "
+            f"missing (pip install -e '.[test]' installs both). Set {WITHOUT_MPI}=1 to skip "
+            f"them knowingly, or deselect them with -m 'not mpi'.")
+
+
 @pytest.fixture(scope="session")
 def mpiexec_path():
     path = _mpiexec()
     if path is None:
-        pytest.skip("needs mpi4py and mpiexec (pip install 'kdist[mpi]')")
+        pytest.skip(f"needs mpi4py and mpiexec (pip install 'kdist[mpi]'); skipped because "
+                    f"{WITHOUT_MPI} is set")
     return path
 
 

@@ -83,9 +83,7 @@ def test_launch_tf_in_process_keeps_lines_whole_and_passes_exit_codes():
 def test_one_failing_worker_stops_the_others(tmp_path):
     script = tmp_path / "one_fails.py"
     script.write_text(WORKER_ONE_FAILS)
-    started = time.monotonic()
     done = kdist_launch("-n", "2", str(script), str(tmp_path), timeout=60)
-    assert time.monotonic() - started < 60
     assert done.returncode == 1, done.stdout + done.stderr
     assert "[1] Traceback (most recent call last):" in done.stdout
     assert "[1] RuntimeError: worker 1 gives up" in done.stdout

@@ -1,0 +1,31 @@
+"""The suite's own guards: a run that cannot test the distributed behaviour says so."""
+
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _collect_without_mpi4py(tmp_path, **env):
+    # An mpi4py that cannot be imported, ahead of the real one on the path.
+    fake = tmp_path / "mpi4py"
+    fake.mkdir(exist_ok=True)
+    (fake / "__init__.py").write_text("raise ImportError('hidden for this test')\n")
+    environ = dict(os.environ, PYTHONPATH=f"{tmp_path}{os.pathsep}"
+                   f"{os.environ.get('PYTHONPATH', '')}")
+    environ.pop("KDIST_TEST_WITHOUT_MPI", None)
+    environ.update(env)
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "--collect-only", "-p", "no:cacheprovider",
+         "tests/test_ring.py"], cwd=ROOT, env=environ, capture_output=True, text=True,
+        timeout=300)
+
+
+def test_a_selection_with_mpi_tests_refuses_to_run_without_mpi(tmp_path):
+    refused = _collect_without_mpi4py(tmp_path)
+    assert refused.returncode == 4, refused.stdout[-2000:] + refused.stderr[-2000:]
+    assert "launch MPI jobs, but mpi4py or mpiexec is missing" in refused.stderr
+    # Asked for knowingly, the same selection is collected (and its MPI tests skip).
+    allowed = _collect_without_mpi4py(tmp_path, KDIST_TEST_WITHOUT_MPI="1")
+    assert allowed.returncode == 0, allowed.stdout[-2000:] + allowed.stderr[-2000:]
