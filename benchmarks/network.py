@@ -2,7 +2,7 @@
 
     python benchmarks/network.py [--rates 1,5,25,0] [--model mlp|conv] [--width 512]
         [--depth 2] [--batch 64]
-        [--bucket-mb 4] [--rounds 3] [--steps 20]
+        [--bucket-mb 4] [--rounds 3] [--steps 20] [--launches 1]
 
 Needs root and `tc` (network namespaces: tests/emulated_hosts.py). For each link rate in
 Gbit/s (0: no limit) it makes two hosts as network namespaces joined by a bridge, with
@@ -21,7 +21,14 @@ overlap ideal. The cost model (kdist.distribute.cost_model) is fitted to raw all
 64 KiB to 16 MiB over the same link, and its predictions of the gradient's allreduce and
 of kdist's steps (overlap 0 and 0.5) stand beside the measurements. The unlimited link,
 when asked for, runs first: its fitted rate is the hosts' own copying rate, above which a
-transfer needs the core and cannot hide (`copy_rate` in the model).
+transfer needs the core and cannot hide (`copy_rate` in the model), and what kdist's
+serial step takes there beyond compute and transfers, per bucket, is its own work per
+bucket (`per_bucket`), which no link hides.
+
+With `--launches N` (N > 1) each rate is launched N times over fresh hosts, and after the
+N objects one more (`"benchmark": "network_stability"`) gives each launch's median steps
+and the slowest over the fastest launch for kdist, one process's compute and the raw
+allreduce: how far a launch's step time can be trusted.
 """
 
 import argparse
@@ -82,7 +89,7 @@ def fitted_link(result):
     return cost_model.fit_link(sizes, [t / 1e3 for t in times], result["ranks"])
 
 
-def predict(result, link, bucket_bytes, compute_ms, copy_rate):
+def predict(result, link, bucket_bytes, compute_ms, copy_rate, per_bucket=0.0):
     """The cost model's figures for the `link` fitted from the probe's raw allreduces:
     the gradient's raw allreduce and kdist's steps predicted from one process's compute."""
     from kdist.distribute import cost_model
@@ -93,22 +100,23 @@ def predict(result, link, bucket_bytes, compute_ms, copy_rate):
     def step(overlap):
         return cost_model.data_parallel_step(compute, grads, result["ranks"], link,
                                              bucket_bytes=bucket_bytes, overlap=overlap,
-                                             copy_rate=copy_rate)
+                                             copy_rate=copy_rate, per_bucket=per_bucket)
 
     return {"fitted_latency_us": round(link.latency * 1e6, 1),
             "fitted_gbit": round(link.bandwidth * 8 / 1e9, 3),
             "predicted_raw_allreduce_ms": round(
                 cost_model.allreduce_time(grads, result["ranks"], link) * 1e3, 3),
             "predicted_serial_ms": round(step(0.0) * 1e3, 3),
-            "predicted_overlap_ms": round(step(0.5) * 1e3, 3)}
+            "predicted_overlap_ms": round(step(0.5) * 1e3, 3),
+            "per_bucket_ms": round(per_bucket * 1e3, 3)}
 
 
-def summarize(gbit, result, link, bucket_bytes, copy_rate):
+def summarize(gbit, result, link, bucket_bytes, copy_rate, per_bucket=0.0):
     m = result["median"]
     # A synchronous step waits for the slowest rank's compute; the hosts' cores differ.
     compute, allreduce = max(result["plain_ms_per_rank"]), m["raw_allreduce_ms"]
     ideal = max(compute, allreduce)
-    model = predict(result, link, bucket_bytes, compute, copy_rate)
+    model = predict(result, link, bucket_bytes, compute, copy_rate, per_bucket)
     communication = m["serial_ms"] - compute
     return {
         "benchmark": "network",
@@ -135,6 +143,21 @@ def summarize(gbit, result, link, bucket_bytes, copy_rate):
     }
 
 
+def stability(gbit, launches):
+    """The spread between launches of one case: each launch's median steps, and the
+    slowest over the fastest for kdist's overlapped step, one process's compute and the
+    raw allreduce (a spread kdist shares with the raw allreduce is the link's, not kdist's)."""
+    def spread(key):
+        values = [summary[key] for summary in launches]
+        return {f"{key}_per_launch": values,
+                f"{key}_slowest_over_fastest": round(max(values) / min(values), 3)}
+
+    return {"benchmark": "network_stability", "link_gbit": gbit or "unlimited",
+            "model": launches[0]["model"], "launches": len(launches),
+            **spread("kdist_overlap_ms"), **spread("kdist_serial_ms"),
+            **spread("compute_ms"), **spread("raw_allreduce_ms")}
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rates", default="1,5,25,0",
@@ -148,7 +171,11 @@ def main():
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--timeout", type=float, default=600)
+    parser.add_argument("--launches", type=int, default=1,
+                        help="launches per rate; above 1 adds the launch-to-launch spread")
     args = parser.parse_args()
+    if args.launches < 1:
+        parser.error(f"--launches must be at least 1; got {args.launches}")
     try:
         rates = [float(r) for r in args.rates.split(",")]
     except ValueError:
@@ -164,20 +191,33 @@ def main():
     if why_not:
         sys.exit(f"benchmarks/network.py: {why_not}")
     overlap_args = [f"--model {args.model}", f"--width {args.width}", f"--depth {args.depth}",
-                    f"--batch {args.batch}", f"--bucket-mb {args.bucket_mb}", f"--rounds {args.rounds}",
-                    f"--steps {args.steps}", "--inter-op-threads 2", "--probe"]
+                    f"--batch {args.batch}", f"--bucket-mb {args.bucket_mb}",
+                    f"--rounds {args.rounds}", f"--steps {args.steps}", "--inter-op-threads 2",
+                    "--probe"]
     # The unlimited link first: its fitted rate is the hosts' own copying rate, which the
     # cost model needs to tell waiting (hideable) transfer from copying.
-    copy_rate = math.inf
+    copy_rate, per_bucket = math.inf, 0.0
     for gbit in sorted(rates, key=lambda rate: rate != 0):
         gbit = int(gbit) if gbit == int(gbit) else gbit
-        result = run_case(gbit, overlap_args, args.timeout)
-        link = fitted_link(result)
-        if not gbit:
-            copy_rate = link.bandwidth
-        bucket_bytes = args.bucket_mb * 2**20 or fusion.auto_bucket_bytes(
-            result["gradient_megabytes"] * 1e6, spans_hosts=True)
-        print(json.dumps(summarize(gbit, result, link, bucket_bytes, copy_rate)), flush=True)
+        launches = []
+        for launch in range(args.launches):
+            result = run_case(gbit, overlap_args, args.timeout)
+            link = fitted_link(result)
+            if not gbit and launch == 0:
+                copy_rate = link.bandwidth
+            bucket_bytes = args.bucket_mb * 2**20 or fusion.auto_bucket_bytes(
+                result["gradient_megabytes"] * 1e6, spans_hosts=True)
+            summary = summarize(gbit, result, link, bucket_bytes, copy_rate, per_bucket)
+            if not gbit and launch == 0:
+                # What kdist's serial step takes beyond compute and the buckets' raw
+                # transfers, shared among the buckets: its own per-bucket work.
+                extra = summary["kdist_serial_ms"] - summary["predicted_serial_ms"]
+                per_bucket = max(0.0, extra / summary["buckets"]) / 1e3
+                summary = summarize(gbit, result, link, bucket_bytes, copy_rate, per_bucket)
+            launches.append(summary)
+            print(json.dumps(dict(summary, launch=launch)), flush=True)
+        if args.launches > 1:
+            print(json.dumps(stability(gbit, launches)), flush=True)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,9 @@
     kdist info                              # versions, MPI, ranks, threads, devices
     kdist plan --parameters 25e6 --step-ms 200 --batch 32 --nodes 16 --gbit 10
                                             # which layout, bucket size and batch
+    kdist run -n 2 --mpi-args "-H a,b" kdist plan --measure --parameters 25e6 \
+        --step-ms 200 --batch 32
+                                            # the same on the link measured between a and b
     kdist docs                              # build the docs site into site/
 """
 
@@ -165,7 +168,7 @@ def _run(args, verb="run"):
         argv, env = mpiexec_command(
             args.n, command, extra=extra,
             fault_tolerant=elastic or getattr(args, "fault_tolerant", False),
-            forward=("KDIST_TTY",) + (("KDIST_VERBOSE",) if args.verbose else ()))
+            forward=_forwarded(args.verbose))
     except (ValueError, FileNotFoundError) as error:
         raise SystemExit(f"kdist {verb}: {error}")
     if elastic:
@@ -423,6 +426,15 @@ def _add_launch_arguments(parser, what):
     parser.add_argument("command", nargs=argparse.REMAINDER)
 
 
+def _forwarded(verbose):
+    """The variables Open MPI must pass on to ranks on other nodes: kdist's own, and
+    every KDIST_ setting the user exported (KDIST_BUCKET_BYTES, KDIST_RING, timeouts),
+    which must be the same on every rank."""
+    user = sorted(name for name in os.environ
+                  if name.startswith("KDIST_") and name not in ("KDIST_TTY", "KDIST_VERBOSE"))
+    return ["KDIST_TTY"] + (["KDIST_VERBOSE"] if verbose else []) + user
+
+
 def _add_plan_parser(sub):
     plan = sub.add_parser(
         "plan", help="predict each layout's step time on a cluster and recommend one",
@@ -435,12 +447,17 @@ def _add_plan_parser(sub):
     plan.add_argument("--step-ms", type=float, required=True,
                       help="one device's forward and backward pass at --batch, in ms")
     plan.add_argument("--batch", type=int, required=True, help="samples per rank per step")
-    plan.add_argument("--nodes", type=int, default=1)
+    plan.add_argument("--nodes", type=int, default=None,
+                      help="nodes of the cluster planned for (default 1; with --measure, the "
+                           "nodes the measuring job runs on)")
     plan.add_argument("--per-node", type=int, default=1, help="ranks (cores or GPUs) per node")
-    plan.add_argument("--gbit", type=float, default=10.0,
+    plan.add_argument("--gbit", type=float, default=None,
                       help="network bandwidth between nodes in Gbit/s (default 10)")
-    plan.add_argument("--latency-us", type=float, default=10.0,
+    plan.add_argument("--latency-us", type=float, default=None,
                       help="network latency between nodes in microseconds (default 10)")
+    plan.add_argument("--measure", action="store_true",
+                      help="measure the link instead of --gbit and --latency-us: run under "
+                           "`kdist run -n N` with one rank per node; rank 0 prints the plan")
     plan.add_argument("--memory-gb", type=float, default=None,
                       help="memory one rank may use, GB (default: no limit)")
     plan.add_argument("--activation-bytes", type=float, default=None,
@@ -453,33 +470,65 @@ def _add_plan_parser(sub):
     plan.set_defaults(func=_plan)
 
 
+def _measured_link():
+    """(link, nodes of this job, whether this rank prints): the link between the job's
+    ranks, measured by every rank together."""
+    import kdist
+    from kdist.distribute import planner
+
+    if kdist.size() < 2:
+        raise ValueError("--measure needs 2 or more ranks, one per node: "
+                         "kdist run -n 2 --mpi-args \"-H node1,node2\" kdist plan --measure ...")
+    link = planner.measure_link()
+    return link, kdist.size() // kdist.local_size(), kdist.rank() == 0
+
+
 def _plan(args):
     from kdist.distribute import planner
     from kdist.distribute.cost_model import Link
 
+    speaks = True
     try:
+        if args.measure:
+            if args.gbit is not None or args.latency_us is not None:
+                raise ValueError("--measure measures the link; leave out --gbit and "
+                                 "--latency-us.")
+            link, job_nodes, speaks = _measured_link()
+            nodes = job_nodes if args.nodes is None else args.nodes
+        else:
+            link = Link.from_gbit(10.0 if args.gbit is None else args.gbit,
+                                  10.0 if args.latency_us is None else args.latency_us)
+            nodes = 1 if args.nodes is None else args.nodes
         work = planner.Workload(parameters=args.parameters, step_seconds=args.step_ms / 1e3,
                                 batch_per_rank=args.batch, layers=args.layers,
                                 activation_bytes_per_sample=args.activation_bytes)
         cluster = planner.Cluster(
-            nodes=args.nodes, per_node=args.per_node,
-            inter=Link.from_gbit(args.gbit, args.latency_us), overlap=args.overlap,
+            nodes=nodes, per_node=args.per_node, inter=link, overlap=args.overlap,
             memory_bytes=None if args.memory_gb is None else args.memory_gb * 1e9)
         layouts = planner.plan(work, cluster)
         batch = planner.batch_for_efficiency(work, cluster)
     except (TypeError, ValueError) as error:
         sys.exit(f"kdist plan: {error}")
+    if not speaks:
+        return 0
+    gbit, latency_us = link.bandwidth * 8 / 1e9, link.latency * 1e6
     if args.json:
-        print(json.dumps({"layouts": [layout.to_dict() for layout in layouts],
+        print(json.dumps({"link": {"gbit": gbit, "latency_us": latency_us,
+                                   "measured": bool(args.measure)},
+                          "layouts": [layout.to_dict() for layout in layouts],
                           "batch_per_rank_for_efficiency_0.8": batch}))
         return 0
     best = layouts[0]
-    print(f"{cluster.ranks} ranks ({args.nodes} nodes x {args.per_node}), "
-          f"{args.gbit:g} Gbit/s, {args.latency_us:g} us between nodes; "
+    how = "measured" if args.measure else "given"
+    print(f"{cluster.ranks} ranks ({nodes} nodes x {args.per_node}), "
+          f"{gbit:.3g} Gbit/s, {latency_us:.3g} us between nodes ({how}); "
           f"{args.parameters:,.0f} parameters, batch {args.batch} per rank\n")
     print(planner.describe(layouts))
     print(f"\nRecommended: {best.layout} ({best.step_seconds * 1e3:.1f} ms per step, "
           f"efficiency {best.efficiency:.2f}).")
+    if "bucket_bytes" in best.settings:
+        print(f"Buckets: export KDIST_BUCKET_BYTES={int(best.settings['bucket_bytes'])} "
+              f"(or pass bucket_bytes= to the optimizer or strategy).")
     print("Efficiency 0.8 needs a batch per rank of "
           + (f"{batch}." if batch else "more than 16384: the network sets the pace."))
     return 0

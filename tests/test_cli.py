@@ -51,6 +51,15 @@ def test_a_raw_command_is_resolved_where_kdist_run_is_called(tmp_path, monkeypat
     assert cli._user_command(args, "run") == ["no-such-tool-here"]  # the launcher says why
 
 
+def test_run_passes_every_kdist_setting_on_to_ranks_on_other_nodes(monkeypatch):
+    monkeypatch.setenv("KDIST_BUCKET_BYTES", "4096")
+    monkeypatch.setenv("KDIST_RING", "0")
+    forwarded = cli._forwarded(verbose=False)
+    assert forwarded[0] == "KDIST_TTY" and "KDIST_VERBOSE" not in forwarded
+    assert {"KDIST_BUCKET_BYTES", "KDIST_RING"} <= set(forwarded)
+    assert "KDIST_VERBOSE" in cli._forwarded(verbose=True)
+
+
 def test_the_launcher_is_told_from_its_environment():
     assert cli.launcher_name({"OMPI_COMM_WORLD_RANK": "0", "SLURM_STEP_ID": "0"}) == \
         "mpiexec (Open MPI)"

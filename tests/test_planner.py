@@ -55,6 +55,12 @@ def test_buckets_overlap_the_backward_pass_but_not_the_last_one():
     copying = cost_model.data_parallel_step(compute, grads, 2, link, bucket_bytes=1e6,
                                             overlap=1, copy_rate=link.bandwidth)
     assert copying == pytest.approx(0.4)
+    # kdist's own work per bucket is on the core: ten buckets pay it ten times.
+    costly = cost_model.data_parallel_step(compute, grads, 2, link, bucket_bytes=1e6,
+                                           overlap=1, per_bucket=0.002)
+    assert costly == pytest.approx(0.31 + 10 * 0.002)
+    with pytest.raises(ValueError, match="per_bucket"):
+        cost_model.data_parallel_step(compute, grads, 2, link, per_bucket=-1)
 
 
 def test_fit_link_recovers_latency_and_bandwidth_and_refuses_bad_data():
@@ -154,6 +160,27 @@ def test_kdist_plan_prints_a_recommendation_and_json(capsys):
     assert report["batch_per_rank_for_efficiency_0.8"] > 32
     with pytest.raises(SystemExit, match="kdist plan: .*parameters"):
         cli.main(["plan", "--parameters", "0", "--step-ms", "1", "--batch", "1"])
+    chosen = report["layouts"][0]["settings"]["bucket_bytes"]
+    assert f"Buckets: export KDIST_BUCKET_BYTES={chosen}" in text
+    with pytest.raises(SystemExit, match="--measure measures the link; leave out --gbit"):
+        cli.main(args + ["--measure"])
+    with pytest.raises(SystemExit, match="--measure needs 2 or more ranks"):
+        cli.main(args[:-4] + ["--measure"])
+
+
+def test_the_cost_of_each_bucket_makes_the_planner_choose_fewer_buckets():
+    work = planner.Workload(parameters=25e6, step_seconds=0.2, batch_per_rank=32)
+    link = Link.from_gbit(10, 10)
+
+    def bucket(per_bucket):
+        cluster = planner.Cluster(nodes=4, per_node=1, inter=link, per_bucket=per_bucket)
+        layouts = {l.layout: l for l in planner.plan(work, cluster)}
+        return layouts["data"].settings["bucket_bytes"], layouts["data"].step_seconds
+
+    (free, free_step), (costly, costly_step) = bucket(0.0), bucket(0.02)
+    assert costly > free and costly_step > free_step
+    with pytest.raises(ValueError, match="per_bucket"):
+        planner.Cluster(nodes=1, per_node=1, inter=link, per_bucket=-1e-3)
 
 
 def test_the_cluster_guides_plan_is_what_kdist_plan_prints(capsys):
@@ -167,3 +194,53 @@ def test_the_cluster_guides_plan_is_what_kdist_plan_prints(capsys):
     assert cli.main(shlex.split(command)[1:]) == 0
     printed = capsys.readouterr().out
     assert shown.strip() in printed
+
+
+MEASURE_AND_BUCKET = """
+import contextlib, io
+import tensorflow as tf
+import kdist
+from kdist import cli
+from kdist.comm.tensors import TensorReducer
+from workers.common import report
+
+printed = io.StringIO()
+with contextlib.redirect_stdout(printed):
+    code = cli.main(["plan", "--measure", "--parameters", "1e6", "--step-ms", "20",
+                     "--batch", "32", "--json"])
+reducer = TensorReducer()  # KDIST_BUCKET_BYTES=4096: 1 KiB tensors, four to a bucket
+tensors = [tf.fill([256], float(kdist.rank() + i)) for i in range(10)]
+summed = reducer(tensors)
+report({"code": code, "printed": printed.getvalue(), "buckets": reducer.plans[0],
+        "bucket_bytes": reducer.bucket_bytes,
+        "sums": [float(t[0]) for t in summed]})
+"""
+
+
+@pytest.mark.mpi
+def test_measure_plans_with_the_link_between_the_ranks_and_the_bucket_setting_is_read(
+        mpirun):
+    job = mpirun(MEASURE_AND_BUCKET, n=2, env={"KDIST_BUCKET_BYTES": "4096"})
+    zero, one = job.rank(0), job.rank(1)
+    assert zero["code"] == one["code"] == 0
+    assert one["printed"] == "", "only rank 0 prints the plan"
+    plan = json.loads(zero["printed"])
+    assert plan["link"]["measured"] and plan["link"]["gbit"] > 0
+    assert plan["layouts"] and plan["layouts"][0]["step_seconds"] > 0
+    for rank in (zero, one):
+        assert rank["bucket_bytes"] == 4096
+        # Backpropagation order: the last tensors first, at most four 1 KiB tensors each.
+        assert rank["buckets"] == [[9, 8, 7, 6], [5, 4, 3, 2], [1, 0]]
+        assert rank["sums"] == [pytest.approx(i + 0.5) for i in range(10)]  # averaged
+
+
+def test_a_bad_bucket_setting_is_refused_by_name(monkeypatch):
+    from kdist.comm.tensors import TensorReducer
+
+    monkeypatch.setenv("KDIST_BUCKET_BYTES", "4MB")
+    with pytest.raises(ValueError, match="KDIST_BUCKET_BYTES must be a positive whole number"):
+        TensorReducer()
+    monkeypatch.setenv("KDIST_BUCKET_BYTES", "65536")
+    assert TensorReducer().bucket_bytes == 65536
+    assert TensorReducer(bucket_bytes=1024).bucket_bytes == 1024  # an argument wins
+

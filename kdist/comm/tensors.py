@@ -20,6 +20,7 @@ import os
 
 import numpy as np
 
+from kdist._args import whole_number
 from kdist.comm import compression as compression_lib
 from kdist.comm import processes
 from kdist.comm.fusion import auto_bucket_bytes, plan_buckets
@@ -38,7 +39,9 @@ class TensorReducer:
         comm: the `Communicator` (the world by default).
         compression: a `Compression` mode, applied to floating tensors.
         average: divide by the number of contributing ranks (else sum).
-        bucket_bytes: most bytes per fused collective; None (the default) chooses
+        bucket_bytes: most bytes per fused collective; None (the default) reads
+            `KDIST_BUCKET_BYTES` (`kdist plan --measure` recommends a value from the
+            measured link), and where that is unset chooses
             (`kdist.comm.fusion.auto_bucket_bytes`): 64 MiB on one host, a quarter of
             the list's bytes (1-64 MiB) when the job spans hosts.
         num_groups: if positive, split each list into about this many
@@ -66,10 +69,11 @@ class TensorReducer:
     def __init__(self, comm=None, compression=None, average=True,
                  bucket_bytes=None, num_groups=0, name="kdist", groups=None,
                  prescale_factor=1.0, postscale_factor=1.0, overlap=None):
-        if bucket_bytes is not None and int(bucket_bytes) <= 0:
+        if bucket_bytes is None:
+            bucket_bytes = _bucket_bytes_from_environment()
+        elif whole_number(bucket_bytes, "bucket_bytes") <= 0:
             raise ValueError(f"bucket_bytes must be positive; got {bucket_bytes}.")
-        if int(num_groups or 0) < 0:
-            raise ValueError(f"num_groups must be 0 or positive; got {num_groups}.")
+        whole_number(num_groups or 0, "num_groups", minimum=0)
         self._comm = comm
         self.compression = compression_lib.get(compression)
         self.average = bool(average)
@@ -163,6 +167,21 @@ def _job_spans_hosts():
     from kdist.comm import job
 
     return job.local_size() < job.size()
+
+
+def _bucket_bytes_from_environment():
+    """`KDIST_BUCKET_BYTES` as a whole number of bytes, or None where it is unset."""
+    value = os.environ.get("KDIST_BUCKET_BYTES", "").strip()
+    if not value:
+        return None
+    try:
+        nbytes = int(value)
+    except ValueError:
+        nbytes = 0
+    if nbytes <= 0:
+        raise ValueError(f"KDIST_BUCKET_BYTES must be a positive whole number of bytes; "
+                         f"got {value!r}.")
+    return nbytes
 
 
 def _overlap_from_environment():

@@ -6,7 +6,8 @@
   with Keras 3 (`kdist launch`, TF_CONFIG, SLURM).
 - `SyncBatchNormalization`: batch normalization over the global batch of all ranks.
 - `plan(Workload(...), Cluster(...))`: each layout's predicted step time on a cluster
-  (`kdist plan` on the command line); `Link` and `fit_link` describe the network.
+  (`kdist plan` on the command line); `Link`, `fit_link` and `measure_link` describe
+  the network.
 
 Names load on first use, so that `kdist launch` starts its workers without
 importing TensorFlow itself.
@@ -28,6 +29,7 @@ _LAZY = {
     "Cluster": "kdist.distribute.planner",
     "Link": "kdist.distribute.cost_model",
     "fit_link": "kdist.distribute.cost_model",
+    "measure_link": "kdist.distribute.planner",
 }
 
 

@@ -104,7 +104,7 @@ def bucket_sizes(total_bytes, bucket_bytes):
 
 def data_parallel_step(compute, gradient_bytes, ranks, link, bucket_bytes=64 * 2**20,
                        overlap=0.5, backward_fraction=2 / 3, allreduce=None,
-                       copy_rate=math.inf):
+                       copy_rate=math.inf, per_bucket=0.0):
     """Seconds per step of synchronous data parallelism.
 
     `compute`: one rank's forward and backward pass in seconds. The buckets are
@@ -114,10 +114,15 @@ def data_parallel_step(compute, gradient_bytes, ranks, link, bucket_bytes=64 * 2
     `copy_rate`: bytes per second the rank's own core moves onto the wire (the
     kernel's copying); a transfer is waiting, and can hide, only for the part of
     it that the link, not the core, sets: 1 - bandwidth / copy_rate.
+    `per_bucket`: seconds of the rank's own work per bucket besides the transfer
+    (packing, announcing it, unpacking), on the rank's core, so never hidden:
+    what makes many small buckets cost more than few large ones.
     """
     compute = float(compute)
     if not 0 <= overlap <= 1:
         raise ValueError(f"overlap must lie between 0 and 1; got {overlap!r}.")
+    if not (isinstance(per_bucket, (int, float)) and per_bucket >= 0):
+        raise ValueError(f"per_bucket must be a number of seconds >= 0; got {per_bucket!r}.")
     if allreduce is None:
         def allreduce(nbytes):
             return allreduce_time(nbytes, ranks, link)
@@ -128,7 +133,7 @@ def data_parallel_step(compute, gradient_bytes, ranks, link, bucket_bytes=64 * 2
     hideable = communication - times[-1]
     waiting = max(0.0, 1.0 - link.bandwidth / copy_rate)
     hidden = overlap * waiting * min(compute * backward_fraction, hideable)
-    return compute + communication - hidden
+    return compute + communication - hidden + per_bucket * len(times)
 
 
 def parameter_server_step(compute, gradient_bytes, workers, link, masters=1):

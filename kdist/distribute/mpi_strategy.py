@@ -74,9 +74,10 @@ class MPIStrategy(distribute_lib.Strategy):
             (the world by default).
         compression: `kdist.Compression.none` (default), `.fp16` or
             `.topk(ratio)` for the gradient allreduce.
-        bucket_bytes: most bytes of gradient per collective; None (the default): 64 MiB on one host, a
-            quarter of the gradient (1-64 MiB) when the job spans hosts, so that buckets
-            overlap the backward pass.
+        bucket_bytes: most bytes of gradient per collective; None (the default):
+            `KDIST_BUCKET_BYTES` where set, else 64 MiB on one host and a quarter of the
+            gradient (1-64 MiB) when the job spans hosts, so that buckets overlap the
+            backward pass (`kdist plan --measure` recommends a size).
         device: the device each rank computes on; by default its GPU if it
             has one (kdist gives each local rank its own), else the CPU.
 

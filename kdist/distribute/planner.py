@@ -80,7 +80,10 @@ class Cluster:
     """`nodes` nodes of `per_node` ranks (cores or GPUs) each; `inter` joins nodes,
     `intra` the ranks of a node; `memory_bytes`: what one rank may hold (None: no
     limit); `overlap`: the fraction of the overlappable communication the backward
-    pass hides (0.5 measured with one core per rank; higher with a core to spare)."""
+    pass hides (0.5 measured with one core per rank; higher with a core to spare);
+    `per_bucket`: seconds of kdist's own work per gradient bucket, per gossip exchange and
+    per parameter-server push or pull (packing, announcing, unpacking; 0-1 ms measured,
+    docs/performance.md), which makes many small buckets cost more than a few."""
 
     nodes: int
     per_node: int
@@ -88,12 +91,16 @@ class Cluster:
     intra: Link = SHARED_MEMORY
     memory_bytes: float = None
     overlap: float = 0.5
+    per_bucket: float = 5e-4
 
     def __post_init__(self):
         whole_number(self.nodes, "nodes", minimum=1)
         whole_number(self.per_node, "per_node", minimum=1)
         if not 0 <= self.overlap <= 1:
             raise ValueError(f"overlap must lie between 0 and 1; got {self.overlap!r}.")
+        if not (isinstance(self.per_bucket, (int, float)) and self.per_bucket >= 0):
+            raise ValueError(f"per_bucket must be a number of seconds >= 0; got "
+                             f"{self.per_bucket!r}.")
 
     @property
     def ranks(self):
@@ -132,7 +139,7 @@ def _best_bucket(work, cluster, gradient_bytes, ranks_per_node=None, compute=Non
     def step(bucket):
         return cost_model.data_parallel_step(
             compute, gradient_bytes, cluster.ranks, cluster.inter, bucket_bytes=bucket,
-            overlap=cluster.overlap,
+            overlap=cluster.overlap, per_bucket=cluster.per_bucket,
             allreduce=lambda n: _allreduce(cluster, n, ranks_per_node))
 
     return min(((step(b), b) for b in BUCKET_CHOICES), key=lambda pair: pair[0])
@@ -168,12 +175,14 @@ def plan(work, cluster, micro_batches=8):
             seconds = cost_model.parameter_server_step(
                 work.step_seconds, work.gradient_bytes, workers,
                 cluster.inter if cluster.nodes > 1 else cluster.intra, masters=masters)
+            seconds += 2 * cluster.per_bucket  # kdist's own work for a push and a pull
             layouts.append(_layout("parameter server", seconds, workers * batch, work, ranks,
                                    masters=masters, workers=workers,
                                    note="asynchronous: stale gradients"))
             link = cluster.inter if cluster.nodes > 1 else cluster.intra
             seconds = cost_model.gossip_step(work.step_seconds, work.gradient_bytes,
                                              min(2, ranks - 1), link)
+            seconds += min(2, ranks - 1) * cluster.per_bucket  # one exchange per neighbour
             layouts.append(_layout("gossip", seconds, ranks * batch, work, ranks,
                                    neighbours=min(2, ranks - 1),
                                    note="ranks agree only on average"))
@@ -211,6 +220,46 @@ def plan(work, cluster, micro_batches=8):
             f"optimizer state and each rank has {cluster.memory_bytes / 2**30:.1f} GiB. Give "
             "activation_bytes_per_sample so that pipelines and split layers are considered.")
     return sorted(layouts, key=lambda layout: -layout.samples_per_second)
+
+
+def measure_link(comm=None, sizes=(2**16, 2**20, 2**22, 2**24), repeats=3):
+    """The `Link` fitted to allreduces timed over `comm` (the world by default): call it
+    on every rank of `comm`, as any collective. Each size is reduced `repeats` times after
+    one warm-up; the fastest time of each counts, and every rank takes the slowest rank's
+    times, so that all fit the same link.
+
+    Run across the nodes of the cluster (one rank per node), this is the link that
+    `kdist plan --measure` plans with.
+    """
+    import time
+
+    import numpy as np
+
+    from kdist.comm import processes
+    from kdist.comm.communicator import Max
+
+    comm = processes.world() if comm is None else comm
+    repeats = whole_number(repeats, "repeats", minimum=1)
+    sizes = [whole_number(n, "size", minimum=8) for n in sizes]
+    if len(set(sizes)) < 2:
+        raise ValueError("measure_link needs two distinct sizes at least.")
+    if comm.size < 2:
+        raise ValueError("measuring a link needs 2 or more ranks; start the command with "
+                         "`kdist run -n 2` (one rank on each of two nodes).")
+    best = []
+    for nbytes in sizes:
+        payload = np.ones(nbytes // 8, dtype=np.float64)
+        comm.allreduce_(payload, label="link probe, warm-up")
+        times = []
+        for _ in range(repeats):
+            comm.barrier()
+            started = time.perf_counter()
+            comm.allreduce_(payload, label=f"link probe, {nbytes} bytes")
+            times.append(time.perf_counter() - started)
+        best.append(min(times))
+    slowest = np.asarray(best, dtype=np.float64)
+    comm.allreduce_(slowest, op=Max, label="link probe, agreement")
+    return cost_model.fit_link([n // 8 * 8 for n in sizes], list(slowest), comm.size)
 
 
 def describe(layouts, limit=None):

@@ -49,9 +49,10 @@ class AllreduceOptimizer(keras.optimizers.Optimizer):
             allreduce and update (a whole number, at least 1).
         average_aggregated_gradients: with `backward_passes_per_step > 1`,
             divide the summed gradient by that number.
-        bucket_bytes: most bytes of gradient per collective; None (the default): 64 MiB on one host, a
-            quarter of the gradient (1-64 MiB) when the job spans hosts, so that buckets
-            overlap the backward pass.
+        bucket_bytes: most bytes of gradient per collective; None (the default):
+            `KDIST_BUCKET_BYTES` where set, else 64 MiB on one host and a quarter of the
+            gradient (1-64 MiB) when the job spans hosts, so that buckets overlap the
+            backward pass (`kdist plan --measure` recommends a size).
         num_groups: if positive, split the gradients into about this many
             collectives of equal size instead (overrides `bucket_bytes`).
         name: the optimizer's name.

@@ -28,9 +28,10 @@ class GradientReduction:
             at each call so that an elastic job's new world is used).
         compression: `kdist.Compression.none`, `.fp16` or `.topk(ratio)`.
         op: `kdist.Average` (default) or `kdist.Sum`.
-        bucket_bytes: most bytes of gradient per collective; None (the default): 64 MiB on one host, a
-            quarter of the gradient (1-64 MiB) when the job spans hosts, so that buckets
-            overlap the backward pass.
+        bucket_bytes: most bytes of gradient per collective; None (the default):
+            `KDIST_BUCKET_BYTES` where set, else 64 MiB on one host and a quarter of the
+            gradient (1-64 MiB) when the job spans hosts, so that buckets overlap the
+            backward pass (`kdist plan --measure` recommends a size).
         num_groups: if positive, about this many collectives of equal size.
         groups: None, or a list of lists of variables (or variable paths),
             each fused into one collective.

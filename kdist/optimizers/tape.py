@@ -61,9 +61,10 @@ class DistributedGradientTape(tf.GradientTape):
         process_set: a `kdist.ProcessSet`: reduce among its ranks only.
         scale_local_gradients: divide the gradients of local sources
             (`register_local_source`) by the number of ranks, as Horovod does.
-        bucket_bytes: most bytes of gradient per collective; None (the default): 64 MiB on one host, a
-            quarter of the gradient (1-64 MiB) when the job spans hosts, so that buckets
-            overlap the backward pass.
+        bucket_bytes: most bytes of gradient per collective; None (the default):
+            `KDIST_BUCKET_BYTES` where set, else 64 MiB on one host and a quarter of the
+            gradient (1-64 MiB) when the job spans hosts, so that buckets overlap the
+            backward pass (`kdist plan --measure` recommends a size).
         comm: a `kdist.comm.Communicator` to reduce over instead.
 
     Example:
