@@ -18,26 +18,16 @@ import weakref
 
 import numpy as np
 import tensorflow as tf
-from tensorflow.python.framework import func_graph
-from tensorflow.python.ops import control_flow_util
 
+from kdist import _tf_private
 from kdist.comm import job
 from kdist.comm import protocol
 from kdist.comm.communicator import protocol_op
 from kdist.comm import native
 
 
-def _leave_kdist_unconverted():
-    """Keeps AutoGraph from rewriting kdist's own code when a user's tf.function calls it."""
-    try:
-        from tensorflow.python.autograph.core import config
-    except ImportError:  # a TensorFlow without this module converts nothing of ours anyway
-        return
-    if not any(getattr(rule, "_prefix", None) == "kdist" for rule in config.CONVERSION_RULES):
-        config.CONVERSION_RULES = (config.DoNotConvert("kdist"),) + config.CONVERSION_RULES
-
-
-_leave_kdist_unconverted()
+# AutoGraph must not rewrite kdist's own code when a user's tf.function calls it.
+_tf_private.leave_unconverted("kdist")
 
 
 class TensorCollectiveMismatch(protocol.CollectiveMismatch, tf.errors.FailedPreconditionError):
@@ -81,7 +71,7 @@ _FUNCTION_OPS = frozenset(("If", "StatelessIf", "While", "StatelessWhile", "Case
 
 def _outermost(graph):
     """The function graph that `graph` (a function graph) is nested in, or itself."""
-    while isinstance(getattr(graph, "outer_graph", None), func_graph.FuncGraph):
+    while _tf_private.is_function_graph(getattr(graph, "outer_graph", None)):
         graph = graph.outer_graph
     return graph
 
@@ -161,16 +151,7 @@ def _out_of_program_order():
     through a list of op types (`ASYNC_STATEFUL_OPS`); kdist adds its one op
     type to it, a process-wide change that `KDIST_FUSION=0` leaves undone.
     """
-    try:
-        from tensorflow.python.framework import auto_control_deps
-    except ImportError:
-        return False
-    exempt = getattr(auto_control_deps, "ASYNC_STATEFUL_OPS", None)
-    if not isinstance(exempt, frozenset):
-        return False
-    if _QUEUED_OP not in exempt:
-        auto_control_deps.ASYNC_STATEFUL_OPS = exempt | {_QUEUED_OP}
-    return True
+    return _tf_private.run_out_of_program_order(_QUEUED_OP)
 
 
 def _queueable(tensors, comm):
@@ -214,7 +195,7 @@ def in_xla():
     """True while tracing a function that XLA will compile (`jit_compile=True`)."""
     if tf.executing_eagerly():
         return False
-    return control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph())
+    return _tf_private.graph_in_xla_context(tf.compat.v1.get_default_graph())
 
 
 def _native_ops(comm):

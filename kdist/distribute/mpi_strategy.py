@@ -27,12 +27,8 @@ import weakref
 
 import keras
 import tensorflow as tf
-from tensorflow.python.distribute import distribute_lib
-from tensorflow.python.distribute import distribute_utils
-from tensorflow.python.distribute import input_util
-from tensorflow.python.distribute import one_device_strategy
-from tensorflow.python.distribute import values as tf_values
 
+from kdist import _tf_private
 from kdist.comm import collectives
 from kdist.comm import processes
 from kdist.comm.tensors import TensorReducer
@@ -51,7 +47,7 @@ def when_created(function):
         _created_hooks.append(function)
 
 
-class MPIStrategy(distribute_lib.Strategy):
+class MPIStrategy(tf.distribute.Strategy):
     """Synchronous data parallelism over MPI ranks, one replica per rank.
 
     Use it where you would use `tf.distribute.MirroredStrategy` and launch
@@ -117,7 +113,7 @@ class MPIStrategy(distribute_lib.Strategy):
         return self
 
 
-class _MPIExtended(one_device_strategy.OneDeviceExtended):
+class _MPIExtended(_tf_private.one_device_extended()):
     """One local device, with every cross-replica operation taken over MPI."""
 
     def __init__(self, container_strategy, device, comm, compression, bucket_bytes):
@@ -191,10 +187,8 @@ class _MPIExtended(one_device_strategy.OneDeviceExtended):
                 with tf.device(self._device):
                     return [next_creator(**creator_kwargs)]
 
-            return distribute_utils.create_mirrored_variable(
-                self._container_strategy(), create_local,
-                {tf.VariableSynchronization.ON_READ: tf_values.SyncOnReadVariable}, {},
-                **kwargs)
+            return _tf_private.create_sync_on_read_variable(
+                self._container_strategy(), create_local, **kwargs)
         # Once an elastic job's world changed, ranks create variables at
         # different times (a replacement builds its whole model while the
         # others wait for it); kdist.elastic's state sync then gives every
@@ -218,13 +212,12 @@ class _MPIExtended(one_device_strategy.OneDeviceExtended):
         return from_root
 
     def read_var(self, replica_local_var):
-        if isinstance(replica_local_var, tf_values.SyncOnReadVariable):
-            return replica_local_var._get_cross_replica()
-        return tf.identity(replica_local_var)
+        value = _tf_private.read_sync_on_read(replica_local_var)
+        return tf.identity(replica_local_var) if value is None else value
 
     def _local_results(self, value):
-        if isinstance(value, tf_values.DistributedValues):
-            return value._values
+        if isinstance(value, tf.distribute.DistributedValues):
+            return _tf_private.local_values(value)
         return (value,)
 
     def value_container(self, value):
@@ -265,9 +258,9 @@ class _MPIExtended(one_device_strategy.OneDeviceExtended):
         context = tf.distribute.InputContext(
             num_input_pipelines=self.comm.size, input_pipeline_id=self.comm.rank,
             num_replicas_in_sync=self.comm.size)
-        return input_util.get_distributed_datasets_from_function(
+        return _tf_private.distributed_datasets_from_function(
             dataset_fn, self._input_workers_with_options(options), [context],
-            self._container_strategy(), options=options)
+            self._container_strategy(), options)
 
     def _experimental_distribute_values_from_function(self, value_fn):
         return value_fn(tf.distribute.experimental.ValueContext(
@@ -288,7 +281,7 @@ class _MPIExtended(one_device_strategy.OneDeviceExtended):
         return True
 
 
-class _MPIReplicaContext(distribute_lib.ReplicaContext):
+class _MPIReplicaContext(tf.distribute.ReplicaContext):
     def __init__(self, strategy, rank):
         super().__init__(strategy, replica_id_in_sync_group=rank)
 
@@ -333,8 +326,8 @@ def slice_batches(dataset, rank, size):
 
 
 def _local_value(value):
-    if isinstance(value, tf_values.DistributedValues):
-        value = value._values[0]
+    if isinstance(value, tf.distribute.DistributedValues):
+        value = _tf_private.local_values(value)[0]
     return tf.convert_to_tensor(value)
 
 

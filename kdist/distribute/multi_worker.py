@@ -61,8 +61,8 @@ import os
 import platform
 
 import tensorflow as tf
-from tensorflow.python.eager import context
 
+from kdist import _tf_private
 from kdist.distribute import cluster
 
 
@@ -74,7 +74,7 @@ def _pool_cpu_memory():
     # MLP, which doubles its step time on a CPU. TensorFlow's pooling (BFC) CPU
     # allocator keeps them. TensorFlow reads the switch once, when it creates
     # its devices, which a multi-worker strategy does itself: set it before.
-    if context.context()._context_handle is None:  # pylint: disable=protected-access
+    if not _tf_private.eager_context_started():
         os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
     # The collectives' gRPC buffers (megabytes a step) bypass that allocator.
     # Have glibc keep 64 MiB spare at the top of each heap instead of handing
@@ -136,7 +136,7 @@ class MultiWorkerMirroredStrategy(tf.distribute.MultiWorkerMirroredStrategy):
 
     def reduce(self, reduce_op, value, axis=None):
         """`tf.distribute.Strategy.reduce`, also for nests and for scalars with an axis."""
-        if self.extended._in_multi_worker_mode():  # pylint: disable=protected-access
+        if _tf_private.in_multi_worker_mode(self):
             _check_not_called_from_control_flow()
         if tf.nest.is_nested(value):
             return tf.nest.map_structure(lambda v: self.reduce(reduce_op, v, axis), value)

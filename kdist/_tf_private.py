@@ -1,0 +1,147 @@
+"""Every use kdist makes of TensorFlow's private API, in one place.
+
+kdist builds on TensorFlow's public API where one exists. What has none is reached
+here and nowhere else, each through one small function whose docstring names the
+internal it relies on: a TensorFlow release that moves one of them breaks one function
+here, with a clear error, instead of kdist in many places. `tests/test_layers.py` fails
+if another kdist module imports `tensorflow.python` or touches the private names below.
+
+The supported TensorFlow versions are declared once, in pyproject.toml (`kdist info`
+prints them); `benchmarks/versions.py` tests the ends of the range.
+"""
+
+import tensorflow as tf
+
+
+def leave_unconverted(prefix):
+    """Keeps AutoGraph from rewriting the modules under `prefix` when a user's
+    `tf.function` calls them: their Python control flow is meant to run at trace time.
+
+    Relies on `tensorflow.python.autograph.core.config.CONVERSION_RULES` (a tuple of
+    rules, first match wins) and its `DoNotConvert` rule. A process-wide change, made
+    once; a TensorFlow without the module converts nothing of kdist's anyway.
+    """
+    try:
+        from tensorflow.python.autograph.core import config
+    except ImportError:
+        return
+    if not any(getattr(rule, "_prefix", None) == prefix for rule in config.CONVERSION_RULES):
+        config.CONVERSION_RULES = (config.DoNotConvert(prefix),) + config.CONVERSION_RULES
+
+
+def run_out_of_program_order(op_type):
+    """Lets TensorFlow run stateful ops of type `op_type` out of a function's program
+    order, as it runs its own collectives; returns False where it cannot.
+
+    Relies on `tensorflow.python.framework.auto_control_deps.ASYNC_STATEFUL_OPS`, the
+    frozenset of op types exempt from automatic control dependencies. Process-wide.
+    """
+    try:
+        from tensorflow.python.framework import auto_control_deps
+    except ImportError:
+        return False
+    exempt = getattr(auto_control_deps, "ASYNC_STATEFUL_OPS", None)
+    if not isinstance(exempt, frozenset):
+        return False
+    if op_type not in exempt:
+        auto_control_deps.ASYNC_STATEFUL_OPS = exempt | {op_type}
+    return True
+
+
+def is_function_graph(graph):
+    """Whether `graph` is a `tf.function`'s graph (TensorFlow's `FuncGraph`).
+
+    Relies on `tensorflow.python.framework.func_graph.FuncGraph`.
+    """
+    from tensorflow.python.framework import func_graph
+
+    return isinstance(graph, func_graph.FuncGraph)
+
+
+def graph_in_xla_context(graph):
+    """Whether `graph`, or a graph it is nested in, is being compiled by XLA.
+
+    Relies on `tensorflow.python.ops.control_flow_util.GraphOrParentsInXlaContext`.
+    """
+    from tensorflow.python.ops import control_flow_util
+
+    return control_flow_util.GraphOrParentsInXlaContext(graph)
+
+
+def eager_context_started():
+    """Whether TensorFlow's eager context has created its devices already (settings read
+    at device creation, such as the CPU allocator's, then come too late).
+
+    Relies on `tensorflow.python.eager.context.context()._context_handle`.
+    """
+    from tensorflow.python.eager import context
+
+    return context.context()._context_handle is not None
+
+
+def in_multi_worker_mode(strategy):
+    """Whether a `tf.distribute` multi-worker strategy has more than one worker.
+
+    Relies on `StrategyExtendedV2._in_multi_worker_mode()`.
+    """
+    return strategy.extended._in_multi_worker_mode()
+
+
+def one_device_extended():
+    """The class TensorFlow's `OneDeviceStrategy` extends itself with, for a strategy that
+    runs one replica per process (`MPIStrategy`).
+
+    Relies on `tensorflow.python.distribute.one_device_strategy.OneDeviceExtended` and
+    the `StrategyExtendedV2` hooks it implements (`_create_variable`, `_reduce_to`,
+    `_experimental_distribute_dataset`, ...).
+    """
+    from tensorflow.python.distribute import one_device_strategy
+
+    return one_device_strategy.OneDeviceExtended
+
+
+def create_sync_on_read_variable(strategy, create_local, **kwargs):
+    """A sync-on-read variable (metric state) of `strategy` whose one local component
+    `create_local(**kwargs)` makes.
+
+    Relies on `tensorflow.python.distribute.distribute_utils.create_mirrored_variable`
+    and `tensorflow.python.distribute.values.SyncOnReadVariable`.
+    """
+    from tensorflow.python.distribute import distribute_utils
+    from tensorflow.python.distribute import values
+
+    return distribute_utils.create_mirrored_variable(
+        strategy, create_local, {tf.VariableSynchronization.ON_READ: values.SyncOnReadVariable},
+        {}, **kwargs)
+
+
+def read_sync_on_read(variable):
+    """The cross-replica value of a sync-on-read variable; None for any other variable.
+
+    Relies on `tensorflow.python.distribute.values.SyncOnReadVariable._get_cross_replica`.
+    """
+    from tensorflow.python.distribute import values
+
+    if isinstance(variable, values.SyncOnReadVariable):
+        return variable._get_cross_replica()
+    return None
+
+
+def local_values(value):
+    """The per-replica components of a `tf.distribute.DistributedValues`, as a tuple.
+
+    Relies on `DistributedValues._values`.
+    """
+    return tuple(value._values)
+
+
+def distributed_datasets_from_function(dataset_fn, input_workers, input_contexts, strategy,
+                                       options):
+    """TensorFlow's distributed dataset made by calling `dataset_fn` per input pipeline.
+
+    Relies on `tensorflow.python.distribute.input_util.get_distributed_datasets_from_function`.
+    """
+    from tensorflow.python.distribute import input_util
+
+    return input_util.get_distributed_datasets_from_function(
+        dataset_fn, input_workers, input_contexts, strategy, options=options)
