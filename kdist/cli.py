@@ -218,11 +218,17 @@ def collect_info():
     from kdist.comm import devices, processes as world
 
     kdist.init()
+    from kdist import _support
+
     info = {
         "kdist": kdist.__version__,
         "python": platform.python_version(),
         "tensorflow": tf.__version__,
         "keras": keras.__version__,
+        "supported": _support.supported(),
+        "unsupported": [f"{name} {version} (kdist supports {name}{wanted})" for
+                        name, version, wanted in _support.outside(
+                            {"tensorflow": tf.__version__, "keras": keras.__version__})],
         "numpy": numpy.__version__,
         "launched_by_mpi": world.launched_by_mpi(),
         "rank": kdist.rank(),
@@ -298,7 +304,11 @@ def _info(args):
               "strategy")
     for key in shared:
         if key in info:
-            print(f"{key:>22}: {info[key]}")
+            wanted = info["supported"].get(key)
+            print(f"{key:>22}: {info[key]}" + (f" (supported: {wanted})" if wanted else ""))
+    for line in info["unsupported"]:
+        print(f"note: {line}: untested; benchmarks/versions.py tests a version in an "
+              f"environment of its own")
     for each in everyone:
         print(f"  rank {each['rank']}: host {each['host']}, local {each['local_rank']}/"
               f"{each['local_size']}, {each['cores_allowed']} of {each['cores_on_node']} "
