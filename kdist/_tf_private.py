@@ -48,6 +48,17 @@ def run_out_of_program_order(op_type):
     return True
 
 
+def gradient_tape_state(tape):
+    """What a `tf.GradientTape` has recorded, for a tape that takes it over:
+    (recording, persistent, watch_accessed_variables, watched_variables).
+
+    Relies on `GradientTape._tape`, `_persistent`, `_watch_accessed_variables` and
+    `_watched_variables`; raises `AttributeError` where TensorFlow keeps them elsewhere.
+    """
+    return (tape._tape, tape._persistent, tape._watch_accessed_variables,
+            tape._watched_variables)
+
+
 def is_function_graph(graph):
     """Whether `graph` is a `tf.function`'s graph (TensorFlow's `FuncGraph`).
 

@@ -209,3 +209,46 @@ def test_the_python_and_cpp_wire_protocols_agree():
                      .replace("uint", "UInt").replace("int", "Int").replace("bool", "Bool"):
                      code for name, code in protocol.DTYPE_CODES.items()}
     assert cpp_dtypes == python_dtypes
+
+
+FENCES = {"kdist/_tf_private.py", "kdist/_keras_private.py", "kdist/tune/compat.py"}
+PRIVATE_MODULES = ("tensorflow.python", "keras.src", "tf_keras.src", "keras_tuner.src")
+# Private names of TensorFlow and Keras that kdist relies on (see the fences).
+PRIVATE_NAMES = {"_flatten_layers", "_compile_config", "_initial_epoch", "_iterations",
+                 "_context_handle", "CONVERSION_RULES", "ASYNC_STATEFUL_OPS",
+                 "_in_multi_worker_mode", "_get_cross_replica", "_values", "_keras_history",
+                 "_get_variable_index", "_tape", "_persistent", "_watch_accessed_variables",
+                 "_watched_variables"}
+
+
+def _private_uses(path):
+    """(line, what) for each import of a private module and each private name reached
+    on something other than the module's own objects (`self`, `cls`)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module]
+        found += [(node.lineno, f"import {n}") for n in names
+                  if n.startswith(PRIVATE_MODULES)]
+        if isinstance(node, ast.Attribute) and node.attr in PRIVATE_NAMES:
+            owner = node.value
+            if not (isinstance(owner, ast.Name) and owner.id in ("self", "cls")):
+                found.append((node.lineno, f".{node.attr}"))
+    return found
+
+
+def test_private_apis_of_tensorflow_and_keras_are_reached_only_through_their_fences():
+    offenders = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        relative = str(path.relative_to(ROOT))
+        if relative in FENCES:
+            continue
+        offenders += [f"{relative}:{line}: {what}" for line, what in _private_uses(path)]
+    assert not offenders, ("private TensorFlow or Keras API outside kdist/_tf_private.py "
+                           "and kdist/_keras_private.py:\n" + "\n".join(offenders))
+    # The check sees what it looks for.
+    assert _private_uses(ROOT / "kdist" / "_tf_private.py")
+    assert _private_uses(ROOT / "kdist" / "_keras_private.py")

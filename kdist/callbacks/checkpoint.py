@@ -9,6 +9,7 @@ import re
 import keras
 import numpy as np
 
+from kdist import _keras_private
 from kdist._files import write_atomically
 from kdist._version import __version__
 from kdist.callbacks import _sync
@@ -190,7 +191,7 @@ class Checkpoint(keras.callbacks.Callback):
         path, epoch = collectives.broadcast_object((path, epoch), root_rank=0)
         if epoch is None:
             return
-        self.model._initial_epoch = epoch
+        _keras_private.set_initial_epoch(self.model, epoch)
         self.resumed_from = epoch
         if _sync.built(self.model):
             self._restore(path)

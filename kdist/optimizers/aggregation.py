@@ -2,6 +2,8 @@
 
 from keras import ops
 
+from kdist import _keras_private
+
 
 class LocalGradientAggregator:
     """Sums one rank's gradients over `backward_passes_per_step` backward passes.
@@ -42,7 +44,7 @@ class LocalGradientAggregator:
         ]
 
     def _accumulator(self, variable):
-        return self.accumulators[self._optimizer._get_variable_index(variable)]
+        return self.accumulators[_keras_private.optimizer_variable_index(self._optimizer, variable)]
 
     def add(self, grads, variables):
         """Adds one pass's gradients (dense or `tf.IndexedSlices`) and counts the pass."""

@@ -20,7 +20,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from kdist import _args
+from kdist import _args, _keras_private
 from kdist.callbacks import agreement
 from kdist.comm import collectives
 from kdist.distribute import consistency
@@ -406,7 +406,7 @@ class AllreduceOptimizer(keras.optimizers.Optimizer):
         # A pass without an update still counts in `iterations`, as in Horovod.
         counter = self.inner_optimizer.iterations
         if not isinstance(counter, keras.Variable):
-            counter = self.inner_optimizer._iterations
+            counter = _keras_private.optimizer_iterations(self.inner_optimizer)
         counter.assign_add(1)
 
     # -- gradient norms, for the noise scale ---------------------------------------------------

@@ -4,6 +4,7 @@ import warnings
 
 import keras
 
+from kdist import _keras_private
 from kdist.optimizers.distributed import AllreduceOptimizer, DistributedOptimizer, _assign
 
 
@@ -120,13 +121,11 @@ def _saved_state(optimizer, filepath):
     # optimizer is built: read the rest from the file.
     import h5py
     import numpy as np
-    from keras.src.legacy.saving import legacy_h5_format
-
     with h5py.File(filepath, "r") as f:
         if "optimizer_weights" not in f:
             return [keras.ops.convert_to_numpy(v) for v in optimizer.variables]
         return [np.asarray(value)
-                for value in legacy_h5_format.load_optimizer_weights_from_hdf5_group(f)]
+                for value in _keras_private.load_optimizer_weights_from_h5(f)]
 
 
 def _recompile(model, optimizers):
@@ -134,6 +133,6 @@ def _recompile(model, optimizers):
         arguments = dict(model._compile_args)
     else:
         # What the model was compiled with, as Keras keeps it for saving.
-        arguments = dict(model._compile_config.config)
+        arguments = _keras_private.compile_arguments(model)
     arguments.update(optimizers)
     model.compile(**arguments)

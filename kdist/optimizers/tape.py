@@ -18,6 +18,7 @@ average, wasted time).
 
 import tensorflow as tf
 
+from kdist import _tf_private
 from kdist.comm import collectives
 from kdist.comm.processes import Average
 from kdist.optimizers.reduction import GradientReduction, is_variable, local_layer_list
@@ -26,12 +27,11 @@ from kdist.optimizers.reduction import GradientReduction, is_variable, local_lay
 def _recording_state(tape):
     """What a tape has recorded, taken over by the distributed tape that wraps it.
 
-    TensorFlow keeps it in private attributes; this is the one place kdist
-    reads them, so a TensorFlow that renames them fails here with a clear error.
+    TensorFlow keeps it in private attributes (read in kdist._tf_private), so
+    a TensorFlow that renames them fails here with a clear error.
     """
     try:
-        return (tape._tape, tape._persistent, tape._watch_accessed_variables,
-                tape._watched_variables)
+        return _tf_private.gradient_tape_state(tape)
     except AttributeError as error:
         raise TypeError(
             f"DistributedGradientTape could not take over this {type(tape).__name__}: this "

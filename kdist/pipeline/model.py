@@ -18,6 +18,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from kdist import _keras_private
 from kdist._files import write_atomically
 from kdist.comm import processes
 from kdist.comm.stage_link import StageLink
@@ -151,7 +152,7 @@ class PipelineModel(keras.Model):
         passes (messages go between them); pass `jit_compile=True` to the
         constructor to compile the stages with XLA.
         """
-        from keras.src.trainers.compile_utils import CompileLoss, CompileMetrics
+        CompileLoss, CompileMetrics = _keras_private.compile_loss_and_metrics()
 
         if loss is None:
             raise ValueError("A pipeline needs a loss to train: compile(loss=...).")

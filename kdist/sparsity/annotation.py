@@ -8,6 +8,7 @@ model; `quantize(model, skip=...)` does the same in one call.
 
 import keras
 
+from kdist import _keras_private
 from kdist.sparsity.quantization import quantize
 from kdist.sparsity.wrapping import rewrite, wrapper_from_config, wrappers_in
 
@@ -110,7 +111,7 @@ def quantize_apply(model, bits=8, per_channel=True, activations=True, preserve_s
         return fresh, fresh, inner.get_weights() if inner.built else None
 
     plain = rewrite(model, unmark, "quantize_apply")
-    others = [layer.name for layer in plain._flatten_layers(include_self=False, recursive=True)
+    others = [layer.name for layer in _keras_private.flatten_layers(plain, include_self=False)
               if layer.name not in wanted]
     return quantize(plain, bits=bits, per_channel=per_channel, activations=activations,
                     preserve_sparsity=preserve_sparsity, skip=others)

@@ -15,6 +15,7 @@ import warnings
 import keras
 import numpy as np
 
+from kdist import _keras_private
 from kdist._files import write_atomically
 from kdist.sparsity.quantization import QuantizeAware
 from kdist.sparsity.wrapping import strip, wrappers_in
@@ -159,7 +160,8 @@ def keras_int8(model):
     else:
         plain = keras.models.clone_model(model)
         plain.set_weights(model.get_weights())
-    if not any(_has_int8_form(layer) for layer in plain._flatten_layers(include_self=False)):
+    if not any(_has_int8_form(layer)
+               for layer in _keras_private.flatten_layers(plain, include_self=False)):
         raise ValueError("Keras has int8 forms of Dense, EinsumDense and Embedding layers "
                          f"only; model {model.name!r} has none.")
     with warnings.catch_warnings():  # Keras names every layer it leaves in float

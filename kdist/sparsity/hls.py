@@ -21,6 +21,7 @@ import warnings
 
 import numpy as np
 
+from kdist import _keras_private
 from kdist.sparsity.fixed import FixedType, exact_type, range_type
 from kdist.sparsity.quantization import QuantizeAware, export_quantized
 from kdist.sparsity.wrapping import strip, wrappers_in
@@ -55,8 +56,7 @@ def input_type(representative_data=None, bits=16):
 
 def _producer(layer):
     """The name of the layer whose output `layer` takes (single-input layers)."""
-    history = getattr(layer.input, "_keras_history", None)
-    return None if history is None else history.operation.name
+    return _keras_private.producing_layer_name(layer.input)
 
 
 def hls_config(model, inputs_type, base_config):
@@ -88,7 +88,7 @@ def hls_config(model, inputs_type, base_config):
     if len(plain.inputs) != 1:
         raise ValueError(f"export_hls4ml exports models with one input; {model.name!r} has "
                          f"{len(plain.inputs)}.")
-    first = plain.inputs[0]._keras_history.operation.name
+    first = _keras_private.producing_layer_name(plain.inputs[0])
     out[first] = inputs_type
     set_precision(first, result=inputs_type)
     for layer in plain.layers:

@@ -14,12 +14,8 @@ import warnings
 
 import keras
 
+from kdist import _keras_private
 from kdist.sparsity import bridge
-
-try:  # Keras keeps the class that both Sequential and functional models share here.
-    from keras.src.models.functional import Functional as _Functional
-except ImportError:  # pragma: no cover
-    _Functional = None
 
 
 # What Keras's layers call the weight to prune, in order of preference: a
@@ -207,7 +203,7 @@ class KernelWrapper(keras.layers.Wrapper):
 def wrappers_in(model, kind=KernelWrapper):
     """Every wrapper of type `kind` in `model`, nested ones included."""
     if isinstance(model, keras.layers.Layer):
-        return [layer for layer in model._flatten_layers(include_self=True, recursive=True)
+        return [layer for layer in _keras_private.flatten_layers(model)
                 if isinstance(layer, kind)]
     raise TypeError(f"Expected a Keras model or layer; got {type(model).__name__}.")
 
@@ -221,7 +217,7 @@ def rewrite(model, replace, caller):
     """
     if isinstance(model, keras.Model) and not (
             isinstance(model, keras.Sequential)
-            or (_Functional is not None and isinstance(model, _Functional))):
+            or _keras_private.is_functional(model)):
         raise TypeError(
             f"{caller}() rewrites Sequential and functional models; "
             f"{type(model).__name__} is a subclassed model. Wrap its layers where you create "
@@ -284,7 +280,7 @@ def wrap_layers(model, wrap, kind, skip, verb, recurrent=True):
             return wrap(fresh), fresh, layer.get_weights() if layer.built else None
 
         wrapped = rewrite(model, replace, verb)
-        left = [layer.name for layer in model._flatten_layers(include_self=False)
+        left = [layer.name for layer in _keras_private.flatten_layers(model, include_self=False)
                 if isinstance(layer, _RECURRENT) and not skipped(layer)]
         if left and not recurrent:
             warnings.warn(
