@@ -206,3 +206,36 @@ def test_survivors_of_a_fault_tolerant_job_all_finish_and_the_job_ends(mpirun):
     assert "rank 0 done" in job.output and "rank 1 done" in job.output
     # They left without MPI_Finalize, which can hang in Open MPI's failure detector.
     assert "finalized as usual" not in job.output
+
+
+THREAD_FAILS = """
+import threading, time
+import kdist
+from workers.common import report
+
+kdist.init()
+
+def fail():
+    raise RuntimeError("thread failure on purpose")
+
+# A thread of the user's own failing is the user's business: the job goes on.
+user = threading.Thread(target=fail, name="users-thread")
+user.start(); user.join()
+kdist.allreduce(1.0, name="after the user's thread")
+if kdist.rank() == 1:
+    threading.Thread(target=fail, name="kdist-on-purpose").start()
+kdist.allreduce(1.0, name="rank 0 waits here")
+time.sleep(60)
+report({"finished": True})
+"""
+
+
+def test_an_exception_in_a_kdist_thread_ends_the_job_and_says_where(mpirun):
+    job = mpirun(THREAD_FAILS, n=2, check=False, timeout=120)
+    assert job.returncode != 0 and job.results == {}
+    assert ("[kdist rank 1] aborting the job: uncaught RuntimeError in kdist's thread "
+            "kdist-on-purpose on rank 1: thread failure on purpose") in job.output, \
+        job.output[-3000:]
+    # The user's own thread failed first, printed its traceback, and the job went on.
+    assert "users-thread" in job.output
+    assert job.output.index("users-thread") < job.output.index("kdist-on-purpose")

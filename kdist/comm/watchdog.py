@@ -89,15 +89,45 @@ def _excepthook(kind, value, tb):
 
 _previous_hook = sys.excepthook
 
+# Every thread kdist starts is named with this prefix (the watchdog, the parameter
+# server's master and shards, a search's progress and heartbeat threads).
+THREAD_PREFIX = "kdist-"
+
+
+def _thread_excepthook(args):
+    """An uncaught exception in one of kdist's own threads ends the job as one in the
+    main thread does: a dead watchdog or server thread would otherwise leave the others
+    waiting. Other threads go to the hook that was there before."""
+    thread = args.thread
+    world = _world()
+    if (thread is None or not thread.name.startswith(THREAD_PREFIX)
+            or world is None or world.size == 1 or args.exc_type is SystemExit):
+        _previous_thread_hook(args)
+        return
+    text = "".join(traceback.format_exception(args.exc_type, args.exc_value,
+                                              args.exc_traceback))
+    prefix = f"[kdist rank {world.rank}] "
+    sys.stderr.write(prefix + f"in thread {thread.name}:\n")
+    sys.stderr.write("".join(prefix + line + "\n" for line in text.rstrip().splitlines()))
+    abort(f"uncaught {args.exc_type.__name__} in kdist's thread {thread.name} on rank "
+          f"{world.rank}: {args.exc_value}")
+
+
+_previous_thread_hook = threading.excepthook
+
 
 def install_failure_handlers():
-    """Makes an uncaught exception on any rank abort the whole job."""
-    global _installed, _previous_hook
+    """Makes an uncaught exception on any rank, in the main thread or in one of kdist's
+    own threads, abort the whole job. Both hooks pass on to the ones they replace what
+    is not theirs: a world of one process, and other threads."""
+    global _installed, _previous_hook, _previous_thread_hook
     if _installed:
         return
     _installed = True
     _previous_hook = sys.excepthook
     sys.excepthook = _excepthook
+    _previous_thread_hook = threading.excepthook
+    threading.excepthook = _thread_excepthook
 
 
 @contextlib.contextmanager
