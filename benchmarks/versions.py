@@ -19,8 +19,9 @@ environment). The subset, one test per feature:
 - tfmot: tfmot's pruning and quantization guides with the import changed to kdist;
 - search: a stock keras-tuner tuner whose trials train data parallel.
 
-Prints one JSON object per environment (the versions installed and each feature's
-outcome), then a Markdown table of them. Exits 1 when any feature failed. Needs the
+Prints one JSON object per environment (the versions installed, each feature's outcome
+and, for a feature that did not pass, the end of its pytest output), then a Markdown
+table of them. Exits 1 when any feature failed. Needs the
 package index (or a local mirror pip is configured for); each environment takes a few
 minutes to install and ten or so to test.
 """
@@ -104,31 +105,42 @@ def installed_versions(python):
     return json.loads(done.stdout)
 
 
-def run_subset(python, environment, timeout):
-    """{feature: "pass" | "fail" | "skip"} from one pytest run of every feature's tests."""
-    tests = [test for ids in FEATURES.values() for test in ids]
+def run_feature(python, environment, tests, timeout):
+    """("pass" | "fail" | "skip", the end of pytest's output when it did not pass) for
+    one feature's tests, in a pytest run of their own (a test file that cannot even be
+    collected there fails its feature alone)."""
+    env = dict(os.environ, KDIST_CACHE=os.path.join(environment, "kdist-cache"),
+               TF_CPP_MIN_LOG_LEVEL="3")
+    env.pop("KDIST_TEST_WITHOUT_MPI", None)
     with tempfile.TemporaryDirectory() as scratch:
         report = os.path.join(scratch, "report.xml")
-        env = dict(os.environ, KDIST_CACHE=os.path.join(environment, "kdist-cache"),
-                   TF_CPP_MIN_LOG_LEVEL="3")
-        env.pop("KDIST_TEST_WITHOUT_MPI", None)
-        subprocess.run([python, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                        f"--junitxml={report}", *tests], cwd=ROOT, env=env,
-                       timeout=timeout, capture_output=True, text=True)
-        outcomes = {}
+        try:
+            done = subprocess.run([python, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                                   f"--junitxml={report}", *tests], cwd=ROOT, env=env,
+                                  timeout=timeout, capture_output=True, text=True)
+            output = done.stdout + done.stderr
+        except subprocess.TimeoutExpired:
+            return "fail", f"did not finish within {timeout:.0f} s"
+        outcomes = []
         if os.path.exists(report):
             for case in ElementTree.parse(report).getroot().iter("testcase"):
-                name = f"{case.get('classname').replace('.', '/')}.py::{case.get('name')}"
-                failed = case.find("failure") is not None or case.find("error") is not None
-                skipped = case.find("skipped") is not None
-                outcomes[name.split("[")[0]] = "fail" if failed else (
-                    "skip" if skipped else "pass")
-    result = {}
-    for feature, ids in FEATURES.items():
-        found = [outcomes.get(test, "fail") for test in ids]  # not run at all: a failure
-        result[feature] = ("fail" if "fail" in found else
-                           "skip" if "skip" in found else "pass")
-    return result
+                if case.find("failure") is not None or case.find("error") is not None:
+                    outcomes.append("fail")
+                else:
+                    outcomes.append("skip" if case.find("skipped") is not None else "pass")
+    if not outcomes or "fail" in outcomes:
+        return "fail", output[-1500:]
+    return ("skip" if "skip" in outcomes else "pass"), None
+
+
+def run_subset(python, environment, timeout):
+    """({feature: "pass" | "fail" | "skip"}, {feature: why it did not pass})."""
+    results, why = {}, {}
+    for feature, tests in FEATURES.items():
+        results[feature], tail = run_feature(python, environment, tests, timeout)
+        if tail:
+            why[feature] = tail
+    return results, why
 
 
 def table(rows):
@@ -152,8 +164,8 @@ def main():
         os.path.expanduser("~"), ".cache", "kdist", "versions"))
     parser.add_argument("--reuse", action="store_true",
                         help="use an environment already made for a version as it is")
-    parser.add_argument("--timeout", type=float, default=3600,
-                        help="seconds for one environment's subset")
+    parser.add_argument("--timeout", type=float, default=1200,
+                        help="seconds for one feature's tests")
     args = parser.parse_args()
     versions = [v.strip() for v in args.tensorflow.split(",") if v.strip()]
     if not versions or any(v.count(".") < 1 for v in versions):
@@ -170,8 +182,9 @@ def main():
             row.update(versions={"tensorflow": tensorflow}, installed=False,
                        features={}, error=f"installing failed: {error}")
         else:
+            features, why = run_subset(python, environment, args.timeout)
             row.update(versions=installed_versions(python), installed=True,
-                       features=run_subset(python, environment, args.timeout))
+                       features=features, why=why)
         rows.append(row)
         print(json.dumps(row), flush=True)
     print(table(rows))
