@@ -12,15 +12,22 @@ modules that register classes, and removes itself.
 
 import importlib
 import importlib.abc
+import os
 import sys
 import warnings
 
 # The modules whose import registers every class kdist writes into saved models.
 SERIALIZABLE_MODULES = (
-    "kdist.optimizers",  # AllreduceOptimizer (what DistributedOptimizer returns)
-    "kdist.precision",  # LossScaleOptimizer
-    "kdist.sparsity",  # PruneLowMagnitude, QuantizeAware, pruning schedules
-    "kdist.gan",  # GAN
+    "kdist.optimizers.distributed",  # AllreduceOptimizer (what DistributedOptimizer returns)
+    "kdist.optimizers.lars",  # LARS
+    "kdist.precision.policy",  # LossScaleOptimizer
+    "kdist.sparsity.pruning",  # PruneLowMagnitude
+    "kdist.sparsity.quantization",  # QuantizeAware
+    "kdist.sparsity.annotation",  # QuantizeAnnotate
+    "kdist.sparsity.schedules",  # the pruning schedules
+    "kdist.gan.gan",  # GAN
+    "kdist.distribute.sync_batch_norm",  # SyncBatchNormalization
+    "kdist.pipeline.tensor",  # the tensor-parallel layers
 )
 # Imported at the same moment: the module that makes the ranks of kdist's models agree
 # in `fit`, which every MPIStrategy created afterwards arranges (kdist.callbacks.agreement).
@@ -117,8 +124,15 @@ def _uninstall(finder):
 
 
 def install():
-    """Registers now if Keras is loaded, otherwise as soon as it is (idempotent)."""
-    if _registered:
+    """Registers now if Keras is loaded, otherwise as soon as it is (idempotent).
+
+    `KDIST_KERAS_REGISTRATION=0` leaves Keras's imports alone: kdist's classes are then
+    registered when a script imports the modules that define them (any use of
+    `kdist.DistributedOptimizer`, `kdist.sparsity`, ... does), and `kdist.load_model`
+    imports them all before it loads.
+    """
+    if _registered or os.environ.get("KDIST_KERAS_REGISTRATION", "1").strip().lower() in (
+            "0", "false", "no", "off"):
         return
     if _ready():
         register()

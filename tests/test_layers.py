@@ -252,3 +252,30 @@ def test_private_apis_of_tensorflow_and_keras_are_reached_only_through_their_fen
     # The check sees what it looks for.
     assert _private_uses(ROOT / "kdist" / "_tf_private.py")
     assert _private_uses(ROOT / "kdist" / "_keras_private.py")
+
+
+def _modules_after_import_keras(**env):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    code = ("import sys, json, kdist\n"
+            "def hooked(): return any(type(f).__name__ == '_WatchKeras' for f in sys.meta_path)\n"
+            "before = hooked(); import keras\n"
+            "print(json.dumps([sorted(m for m in sys.modules if m.startswith('kdist.')), "
+            "before, hooked()]))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", **env), timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_importing_keras_after_kdist_registers_kdists_classes_and_nothing_more():
+    modules, hooked, after = _modules_after_import_keras()
+    assert "kdist.optimizers.distributed" in modules and "kdist.sparsity.pruning" in modules
+    # Only what defines saveable classes: not the FPGA export, not the pipeline machinery.
+    assert "kdist.sparsity.hls" not in modules and "kdist.pipeline.model" not in modules
+    assert hooked and not after, "the finder removes itself once Keras is in"
+    modules, hooked, after = _modules_after_import_keras(KDIST_KERAS_REGISTRATION="0")
+    assert "kdist.optimizers.distributed" not in modules and not hooked and not after

@@ -4,7 +4,7 @@ import warnings
 
 import keras
 
-from kdist import _keras_private
+from kdist import _keras_private, _registration
 from kdist.optimizers.distributed import AllreduceOptimizer, DistributedOptimizer, _assign
 
 
@@ -50,6 +50,9 @@ def load_model(filepath, custom_optimizers=None, custom_objects=None, compressio
                             f"keras.optimizers.Optimizer); got {cls!r}.")
         objects[cls.__name__] = cls
     objects.update(custom_objects or {})
+    # Every class kdist writes into saved models, registered even where kdist leaves
+    # Keras's imports alone (KDIST_KERAS_REGISTRATION=0).
+    _registration.register()
     with warnings.catch_warnings():
         # kdist's advice to load with this very function; the state is restored below.
         warnings.filterwarnings("ignore", message="Keras's .h5 loader built the plain")

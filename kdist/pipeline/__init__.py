@@ -8,16 +8,44 @@
   across a group of ranks.
 """
 
-from kdist.pipeline.model import PipelineModel, load_whole_model_weights
-from kdist.pipeline.stages import split
-from kdist.pipeline.tensor import (
-    ColumnParallelDense,
-    ColumnParallelEinsumDense,
-    RowParallelDense,
-    RowParallelEinsumDense,
-    TensorParallelMultiHeadAttention,
-)
+import importlib as _importlib
+from typing import TYPE_CHECKING as _TYPE_CHECKING
+
+# Names load on first use: registering kdist's classes with Keras (the tensor-parallel
+# layers) then does not import the pipeline's machinery.
+_LAZY = {
+    "PipelineModel": "kdist.pipeline.model",
+    "load_whole_model_weights": "kdist.pipeline.model",
+    "split": "kdist.pipeline.stages",
+    "ColumnParallelDense": "kdist.pipeline.tensor",
+    "ColumnParallelEinsumDense": "kdist.pipeline.tensor",
+    "RowParallelDense": "kdist.pipeline.tensor",
+    "RowParallelEinsumDense": "kdist.pipeline.tensor",
+    "TensorParallelMultiHeadAttention": "kdist.pipeline.tensor",
+}
+
+if _TYPE_CHECKING:  # what documentation tools and type checkers read; never run
+    from kdist.pipeline.model import PipelineModel, load_whole_model_weights  # noqa: F401
+    from kdist.pipeline.stages import split  # noqa: F401
+    from kdist.pipeline.tensor import (  # noqa: F401
+        ColumnParallelDense,
+        ColumnParallelEinsumDense,
+        RowParallelDense,
+        RowParallelEinsumDense,
+        TensorParallelMultiHeadAttention)
 
 __all__ = ["ColumnParallelDense", "ColumnParallelEinsumDense", "PipelineModel",
            "RowParallelDense", "RowParallelEinsumDense", "TensorParallelMultiHeadAttention",
            "load_whole_model_weights", "split"]
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        value = getattr(_importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'kdist.pipeline' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))

@@ -11,19 +11,82 @@ tf_keras models are handed to tensorflow-model-optimization (extra `tfmot`);
 `kdist.tfmot` gives tfmot's own import paths for Keras 3 models.
 """
 
-from kdist.sparsity.annotation import (QuantizeAnnotate, quantize_annotate_layer,
-                                       quantize_annotate_model, quantize_apply)
-from kdist.sparsity.callbacks import (PruningSummaries, SyncQuantizeRanges, UpdatePruning,
-                                      sparsity_of)
-from kdist.sparsity.export import export_tflite, keras_int8, run_tflite, tflite_dtypes
-from kdist.sparsity.fixed import FixedType
-from kdist.sparsity.hls import compare_hls4ml, export_hls4ml, predict_hls4ml
-from kdist.sparsity.patterns import block_mask, magnitude_mask, n_of_m_mask
-from kdist.sparsity.pruning import PrunableLayer, PruneLowMagnitude, prune, pruned_layers
-from kdist.sparsity.quantization import (QuantizeAware, export_quantized, fake_quantize,
-                                         quantize, quantize_array)
-from kdist.sparsity.schedules import ConstantSparsity, PolynomialDecay, PruningSchedule
-from kdist.sparsity.wrapping import KernelWrapper, strip
+import importlib as _importlib
+from typing import TYPE_CHECKING as _TYPE_CHECKING
+
+# Names load on first use: `import kdist.sparsity` (and registering kdist's classes
+# with Keras when it is imported) costs only the modules a script reaches.
+_LAZY = {
+    "ConstantSparsity": "kdist.sparsity.schedules",
+    "FixedType": "kdist.sparsity.fixed",
+    "KernelWrapper": "kdist.sparsity.wrapping",
+    "PolynomialDecay": "kdist.sparsity.schedules",
+    "PrunableLayer": "kdist.sparsity.pruning",
+    "PruneLowMagnitude": "kdist.sparsity.pruning",
+    "PruningSchedule": "kdist.sparsity.schedules",
+    "PruningSummaries": "kdist.sparsity.callbacks",
+    "QuantizeAnnotate": "kdist.sparsity.annotation",
+    "QuantizeAware": "kdist.sparsity.quantization",
+    "SyncQuantizeRanges": "kdist.sparsity.callbacks",
+    "UpdatePruning": "kdist.sparsity.callbacks",
+    "block_mask": "kdist.sparsity.patterns",
+    "compare_hls4ml": "kdist.sparsity.hls",
+    "export_hls4ml": "kdist.sparsity.hls",
+    "export_quantized": "kdist.sparsity.quantization",
+    "export_tflite": "kdist.sparsity.export",
+    "fake_quantize": "kdist.sparsity.quantization",
+    "keras_int8": "kdist.sparsity.export",
+    "magnitude_mask": "kdist.sparsity.patterns",
+    "n_of_m_mask": "kdist.sparsity.patterns",
+    "predict_hls4ml": "kdist.sparsity.hls",
+    "prune": "kdist.sparsity.pruning",
+    "pruned_layers": "kdist.sparsity.pruning",
+    "quantize": "kdist.sparsity.quantization",
+    "quantize_annotate_layer": "kdist.sparsity.annotation",
+    "quantize_annotate_model": "kdist.sparsity.annotation",
+    "quantize_apply": "kdist.sparsity.annotation",
+    "quantize_array": "kdist.sparsity.quantization",
+    "run_tflite": "kdist.sparsity.export",
+    "sparsity_of": "kdist.sparsity.callbacks",
+    "strip": "kdist.sparsity.wrapping",
+    "tflite_dtypes": "kdist.sparsity.export",
+}
+
+if _TYPE_CHECKING:  # what documentation tools and type checkers read; never run
+    from kdist.sparsity.annotation import (  # noqa: F401
+        QuantizeAnnotate,
+        quantize_annotate_layer,
+        quantize_annotate_model,
+        quantize_apply)
+    from kdist.sparsity.callbacks import (  # noqa: F401
+        PruningSummaries,
+        SyncQuantizeRanges,
+        UpdatePruning,
+        sparsity_of)
+    from kdist.sparsity.export import (  # noqa: F401
+        export_tflite,
+        keras_int8,
+        run_tflite,
+        tflite_dtypes)
+    from kdist.sparsity.fixed import FixedType  # noqa: F401
+    from kdist.sparsity.hls import compare_hls4ml, export_hls4ml, predict_hls4ml  # noqa: F401
+    from kdist.sparsity.patterns import block_mask, magnitude_mask, n_of_m_mask  # noqa: F401
+    from kdist.sparsity.pruning import (  # noqa: F401
+        PrunableLayer,
+        PruneLowMagnitude,
+        prune,
+        pruned_layers)
+    from kdist.sparsity.quantization import (  # noqa: F401
+        QuantizeAware,
+        export_quantized,
+        fake_quantize,
+        quantize,
+        quantize_array)
+    from kdist.sparsity.schedules import (  # noqa: F401
+        ConstantSparsity,
+        PolynomialDecay,
+        PruningSchedule)
+    from kdist.sparsity.wrapping import KernelWrapper, strip  # noqa: F401
 
 __all__ = [
     "ConstantSparsity", "FixedType", "KernelWrapper", "PolynomialDecay", "PrunableLayer",
@@ -34,3 +97,16 @@ __all__ = [
     "quantize", "quantize_annotate_layer", "quantize_annotate_model", "quantize_apply",
     "quantize_array", "run_tflite", "sparsity_of", "strip", "tflite_dtypes",
 ]
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        value = getattr(_importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'kdist.sparsity' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))
+
