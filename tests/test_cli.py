@@ -82,6 +82,27 @@ def test_fault_tolerant_runs_turn_on_open_mpi_ulfm_with_a_quick_detector(mpiexec
                             fault_tolerant=True)
 
 
+def test_the_supported_versions_are_pyprojects_and_others_are_named():
+    import pathlib
+    import tomllib
+
+    from kdist import _support
+
+    project = tomllib.loads((pathlib.Path(__file__).parent.parent / "pyproject.toml")
+                            .read_text())["project"]
+    declared = {line.split(">")[0].split("<")[0].strip(): line for line in
+                project["dependencies"]}
+    ranges = _support.supported()
+    assert set(ranges) == {"tensorflow", "keras"}
+    for name, wanted in ranges.items():
+        # The installed metadata says what pyproject says (a stale install would not).
+        assert declared[name] == name + wanted, (declared[name], wanted)
+    low = ranges["tensorflow"].split(",")[0].lstrip(">=")
+    older = f"{low.split('.')[0]}.{int(low.split('.')[1]) - 1}.0"
+    assert _support.outside({"tensorflow": older, "keras": "3.99.0"}) == [
+        ("tensorflow", older, ranges["tensorflow"])]
+
+
 def test_info_reports_versions_and_ranks():
     done = kdist_cli("info", "--json")
     assert done.returncode == 0, done.stderr
@@ -89,6 +110,7 @@ def test_info_reports_versions_and_ranks():
     assert info["size"] == 1 and info["rank"] == 0
     assert info["tensorflow"] and info["keras"].startswith("3.")
     assert info["strategy"].startswith("default (one process")
+    assert set(info["supported"]) == {"tensorflow", "keras"} and info["unsupported"] == []
 
 
 @pytest.mark.mpi

@@ -108,6 +108,13 @@ def _build_ops(tf):
 
 
 def _build_xla(tf, ops_library):
+    headers = os.path.join(tf.sysconfig.get_include(), "xla", "ffi", "api", "ffi.h")
+    if not os.path.exists(headers):
+        # XLA's typed FFI, which the lowering is written against, ships with
+        # TensorFlow's headers from 2.20 on.
+        raise RuntimeError(f"this TensorFlow ({tf.__version__}) ships no XLA FFI headers "
+                           "(xla/ffi/api/ffi.h); kdist's XLA lowering needs TensorFlow 2.20 "
+                           "or newer, the versions kdist supports (kdist info).")
     compiler = _mpicxx()
     flags = _tf_flags(tf)
     key = _key(tf, compiler, flags + [ops_library], XLA_SOURCES + OPS_SOURCES)
