@@ -90,8 +90,13 @@ def main():
             medians[way].append(float(np.median(times[way])) * 1e3)
     step_ms = {way: float(np.median(medians[way])) for way in ways}
     cost = {way: step_ms[way] - step_ms["local"] for way in ways if way != "local"}
+    # What a broken benchmark would get wrong: every way of reducing gives each rank the
+    # same averaged gradients (their sum here), and the local step each rank its own.
+    sums = {way: float(steps[way]().numpy()) for way in ways}
+    sums_per_rank = kdist.allgather_object(sums)
     result = {
         "ranks": kdist.size(), "tensors": len(model.trainable_variables),
+        "gradient_sum_per_rank": sums_per_rank,
         "parameters": int(sum(np.prod(v.shape) for v in model.trainable_variables)),
         "step_ms": step_ms, "communication_ms": cost,
         "communication_vs_tape": {way: cost[way] / cost["tape"] if cost["tape"] > 0 else None

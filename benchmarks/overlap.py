@@ -172,6 +172,15 @@ def main():
     # A synchronous step waits for the slowest rank's compute: each rank's own.
     plain_per_rank = MPI.COMM_WORLD.allgather(median["plain_ms"])
     probe = link_probe(MPI.COMM_WORLD) if args.probe else None
+    # What a broken benchmark would get wrong: the serial and overlapping models took the
+    # same steps on the same data from the same start, so their weights must be the same
+    # bytes, and the same on every rank.
+    serial_weights = np.concatenate([v.numpy().ravel() for v in models[1].trainable_variables])
+    overlap_weights = np.concatenate([v.numpy().ravel() for v in models[2].trainable_variables])
+    serial_vs_overlap = MPI.COMM_WORLD.allreduce(
+        float(np.max(np.abs(serial_weights - overlap_weights))), op=MPI.MAX)
+    everyone = MPI.COMM_WORLD.allgather(overlap_weights)
+    across_ranks = max(float(np.max(np.abs(w - everyone[0]))) for w in everyone)
     if kdist.rank() == 0:
         reducer = next(iter(models[2].optimizer._reducers.values()))
         print(json.dumps({
@@ -188,6 +197,8 @@ def main():
             "median": median,
             "plain_ms_per_rank": plain_per_rank,
             "rounds": rounds,
+            "weights_serial_vs_overlap_max_difference": serial_vs_overlap,
+            "weights_across_ranks_max_difference": across_ranks,
             **({"probe": probe} if probe else {}),
         }), flush=True)
 

@@ -50,7 +50,7 @@ def main():
             saved = {k: os.environ.get(k) for k in env}
             os.environ.update(env)
             try:
-                samples[name].append(launch(mode, ranks, args.steps))
+                samples[name].append(launch(mode, ranks, args.steps)["ms_per_step"])
             finally:
                 for k, v in saved.items():
                     if v is None:

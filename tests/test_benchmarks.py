@@ -26,18 +26,20 @@ def test_allreduce_fusion_benchmark_prints_ratios(mpirun):
                                            "kdist_in_graph_py_function"}
 
 
-def test_custom_loop_benchmark_sets_per_tensor_reductions_beside_the_fused_tape(mpirun):
+def test_custom_loop_benchmark_times_ways_that_reduce_to_the_same_gradients(mpirun):
     job = mpirun(os.path.join(ROOT, "benchmarks", "custom_loop.py"), n=2,
                  args=["--layers", "2", "--width", "32", "--steps", "5", "--rounds", "1"])
     result = _json_from(job.output)
     assert result["tensors"] == 6 and result["ranks"] == 2
     assert set(result["step_ms"]) == {"local", "per_tensor", "per_tensor_unfused", "grouped",
                                       "tape"}
-    cost, ratio = result["communication_ms"], result["communication_vs_tape"]["per_tensor"]
-    if cost["tape"] > 0:  # a few steps of a tiny model can hide the tape's cost in noise
-        assert ratio == pytest.approx(cost["per_tensor"] / cost["tape"])
-    else:
-        assert ratio is None
+    zero, one = result["gradient_sum_per_rank"]
+    # Each rank's data differ: its local gradients too, and every reduction averages them.
+    assert zero["local"] != pytest.approx(one["local"], rel=1e-3)
+    average = (zero["local"] + one["local"]) / 2
+    for way in ("per_tensor", "per_tensor_unfused", "grouped", "tape"):
+        assert zero[way] == pytest.approx(average, rel=1e-4, abs=1e-5), way
+        assert one[way] == zero[way], way
 
 
 def test_step_overhead_benchmark_compares_the_overhead_with_the_raw_allreduce(mpirun):
@@ -49,27 +51,22 @@ def test_step_overhead_benchmark_compares_the_overhead_with_the_raw_allreduce(mp
     assert len(result["rounds"]) == 2
     median = result["median"]
     assert median["raw_allreduce_ms"] > 0 and median["plain_ms"] > 0
-    assert median["overhead_to_raw"] == pytest.approx(
-        np.median([r["overhead_ms"] / r["raw_allreduce_ms"] for r in result["rounds"]]),
-        rel=0.05, abs=0.01)
-    # The timeline splits each kdist step's reduction into its phases.
+    # The timeline splits each kdist step's reduction into its phases: the benchmark
+    # really reduced through kdist.
     assert {"negotiate", "pack", "allreduce"} <= set(result["phase_ms_per_step"])
 
 
-def test_overlap_benchmark_reports_the_hidden_fraction_of_the_same_buckets(mpirun):
+def test_overlap_benchmark_times_models_that_train_identically(mpirun):
     job = mpirun(os.path.join(ROOT, "benchmarks", "overlap.py"), n=2,
                  args=["--width", "128", "--depth", "3", "--batch", "32", "--bucket-mb", "0.06",
                        "--rounds", "2", "--steps", "4"])
     result = _json_from(job.output)
+    # Several buckets, so that overlapping has something to overlap.
     assert result["buckets"] >= 3 and len(result["rounds"]) == 2
-    for row in result["rounds"]:
-        assert row["raw_allreduce_ms"] > 0  # the floor, timed in the same steps
-        assert row["communication_ms"] == pytest.approx(row["serial_ms"] - row["plain_ms"],
-                                                        abs=0.02)
-        if row["communication_ms"] > 0:
-            assert row["hidden_fraction"] == pytest.approx(
-                (row["serial_ms"] - row["overlap_ms"]) / row["communication_ms"], rel=0.05,
-                abs=0.05)
+    # Serial and overlapping reductions of the same steps give the same bytes, on every
+    # rank: a benchmark whose models skipped or garbled a reduction would not.
+    assert result["weights_serial_vs_overlap_max_difference"] == 0.0
+    assert result["weights_across_ranks_max_difference"] == 0.0
 
 
 def test_fault_matrix_benchmark_reports_each_case_and_the_totals(mpiexec_path):
@@ -98,8 +95,10 @@ def test_weak_scaling_benchmark_compares_all_cases_in_one_run(mpiexec_path):
     assert set(result["ms_per_step"]) == modes
     assert set(result["efficiency"]) == modes - {"single"}
     assert set(result["slowest_over_fastest"]) == modes
-    assert all(value >= 1 for value in result["slowest_over_fastest"].values())
-    assert all(value > 0 for value in result["efficiency"].values())
+    # The data-parallel modes' ranks end identical; one process has nothing to agree on.
+    agreement = result["weights_across_ranks_max_difference"]
+    assert agreement["kdist"] == 0.0 and agreement["mpi_strategy"] == 0.0
+    assert agreement["single"] is None
 
 
 def test_shared_cores_benchmark_sets_four_ranks_beside_two_in_one_run(mpiexec_path):
@@ -390,11 +389,6 @@ def test_network_benchmark_sets_kdist_beside_the_raw_allreduce_over_a_limited_li
     rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     assert len(rows) == 1 and rows[0]["link_gbit"] == 2 and rows[0]["buckets"] >= 2
     row = rows[0]
-    assert row["compute_plus_allreduce_ms"] == pytest.approx(
-        row["compute_ms"] + row["raw_allreduce_ms"], abs=0.002)
-    assert row["overlap_ideal_ms"] == max(row["compute_ms"], row["raw_allreduce_ms"])
-    assert row["kdist_over_ideal"] == pytest.approx(
-        row["kdist_overlap_ms"] / row["overlap_ideal_ms"], rel=0.01)
     # The cost model is fitted to the limited link: were the limit not applied, the
     # loopback's tens of Gbit/s would show.
     assert 0 < row["fitted_gbit"] <= 2 * 1.2
