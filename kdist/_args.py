@@ -28,7 +28,7 @@ def whole_number(value, name, minimum=None):
             raise ValueError(f"{name} must be a whole number; got {value!r}.")
     result = int(value)
     if minimum is not None and result < minimum:
-        raise ValueError(f"{name} must be at least {minimum}; got {value!r}.")
+        raise ValueError(f"{name} must be a whole number, at least {minimum}; got {value!r}.")
     return result
 
 

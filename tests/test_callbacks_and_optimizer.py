@@ -254,7 +254,7 @@ def test_optimizer_arguments_are_checked():
     with pytest.raises(ValueError, match="Adasum is not available.*op=kdist.Average"):
         kdist.DistributedOptimizer(sgd(), op=kdist.Adasum)
     assert kdist.DistributedOptimizer(sgd(), op=kdist.Sum).op == kdist.Sum
-    with pytest.raises(ValueError, match="groups must be at least 1"):
+    with pytest.raises(ValueError, match="groups must be a whole number, at least 1"):
         kdist.DistributedOptimizer(sgd(), groups=0)
     v = tf.Variable(1.0)
     with pytest.raises(ValueError, match="more than one group"):

@@ -179,8 +179,8 @@ def test_shards_cover_the_centre_once_in_near_equal_parts():
     (4, 2, 1, "need at least 2 workers"),
     (4, -1, 1, "0 or more"),
     (2, 0, 2, "at least 3 ranks"),
-    (4, 0, 0, "servers must be an integer >= 1"),
-    (4, 0, 1.5, "servers must be an integer >= 1"),
+    (4, 0, 0, "servers must be a whole number, at least 1"),
+    (4, 0, 1.5, "servers must be a whole number; got 1.5"),
 ])
 def test_topology_rejects_impossible_layouts(size, submasters, servers, match):
     with pytest.raises(ValueError, match=match):

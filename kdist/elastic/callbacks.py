@@ -2,6 +2,7 @@
 
 import keras
 
+from kdist._args import whole_number
 from kdist.callbacks import _sync
 
 
@@ -15,10 +16,7 @@ class CommitStateCallback(keras.callbacks.Callback):
 
     def __init__(self, state, batches_per_commit=1):
         super().__init__()
-        if isinstance(batches_per_commit, bool) or int(batches_per_commit) != batches_per_commit \
-                or batches_per_commit < 1:
-            raise ValueError(f"batches_per_commit must be a whole number >= 1; got "
-                             f"{batches_per_commit!r}.")
+        whole_number(batches_per_commit, "batches_per_commit", minimum=1)
         self.state = state
         self.batches_per_commit = int(batches_per_commit)
         self._remaining = self.batches_per_commit

@@ -3,6 +3,7 @@
 import keras
 import tensorflow as tf
 
+from kdist._args import whole_number
 from kdist.comm import processes
 from kdist.gan import batches
 from kdist.precision import policy
@@ -61,9 +62,7 @@ class GAN(keras.Model):
         if generator is discriminator:
             raise ValueError("The generator and the discriminator must be different models.")
         for name, steps in (("d_steps", d_steps), ("g_steps", g_steps)):
-            if int(steps) != steps or steps < 1:
-                raise ValueError(f"{name} must be a whole number of updates, at least 1; "
-                                 f"got {steps}.")
+            whole_number(steps, f"{name} (updates)", minimum=1)
         self.generator = generator
         self.discriminator = discriminator
         self.conditional = len(_inputs(generator)) == 2

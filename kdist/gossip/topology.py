@@ -11,6 +11,8 @@ removed per round).
 
 import numpy as np
 
+from kdist._args import whole_number
+
 
 class Topology:
     """An undirected, connected graph over `size` ranks.
@@ -162,5 +164,4 @@ def resolve(topology, size):
 
 
 def _check_size(value, name="size"):
-    if isinstance(value, bool) or int(value) != value or value < 1:
-        raise ValueError(f"{name} must be a whole number >= 1; got {value!r}.")
+    whole_number(value, name, minimum=1)

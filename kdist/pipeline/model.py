@@ -18,6 +18,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from kdist._args import whole_number
 from kdist import _keras_private
 from kdist._files import write_atomically
 from kdist.comm import processes
@@ -81,12 +82,8 @@ class PipelineModel(keras.Model):
         stages = list(stages)
         if not stages:
             raise ValueError("A pipeline needs at least one stage.")
-        if int(micro_batches) != micro_batches or micro_batches < 1:
-            raise ValueError(f"micro_batches must be a whole number, at least 1; got "
-                             f"{micro_batches}.")
-        if int(tensor_parallel) != tensor_parallel or tensor_parallel < 1:
-            raise ValueError(f"tensor_parallel must be a whole number of ranks per stage, at "
-                             f"least 1; got {tensor_parallel}.")
+        whole_number(micro_batches, "micro_batches", minimum=1)
+        whole_number(tensor_parallel, "tensor_parallel (ranks per stage)", minimum=1)
         self.micro_batches = int(micro_batches)
         self.schedule = schedule_lib.check(schedule)
         self.recompute = bool(recompute)

@@ -6,6 +6,8 @@ A child of the top exchanges with every one of them, a sub-master's child
 with its sub-master only.
 """
 
+from kdist._args import whole_number
+
 
 def topology(size, submasters=0, servers=1):
     """Returns `(parent, children)`: each child's server, and each server's
@@ -19,8 +21,7 @@ def topology(size, submasters=0, servers=1):
     >>> topology(5, servers=2)
     ({2: 0, 3: 0, 4: 0}, {0: [2, 3, 4]})
     """
-    if int(servers) != servers or servers < 1:
-        raise ValueError(f"servers must be an integer >= 1; got {servers!r}.")
+    servers = whole_number(servers, "servers", minimum=1)
     if size < servers + 1:
         raise ValueError(
             f"A parameter server needs at least {servers + 1} ranks ({servers} server(s), "

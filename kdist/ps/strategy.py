@@ -28,6 +28,7 @@ import threading
 import keras
 import numpy as np
 
+from kdist._args import whole_number
 from kdist.comm import p2p, processes
 from kdist.ps import masks, master_optimizers, protocol, rules, shared, state
 from kdist.ps.layout import Layout
@@ -92,9 +93,8 @@ class ParameterServerStrategy:
                  fault_tolerant=False, shared_memory=True, comm=None):
         if mode not in rules.MODES:
             raise ValueError(f"mode must be one of {rules.MODES}; got {mode!r}.")
-        if not isinstance(sync_every, int) or sync_every < 1:
-            raise ValueError(f"sync_every must be an integer >= 1 (training steps between "
-                             f"exchanges); got {sync_every!r}.")
+        sync_every = whole_number(sync_every, "sync_every (training steps between exchanges)",
+                                  minimum=1)
         if not 0.0 < elastic_force <= 1.0:
             raise ValueError(f"elastic_force must lie in (0, 1]; got {elastic_force}. "
                              "0.5 is a common choice; 1 copies the worker into the centre.")
@@ -108,9 +108,7 @@ class ParameterServerStrategy:
             raise ValueError(f"gem_momentum must lie in [0, 1); got {gem_momentum}.")
         if gem_kappa <= 0:
             raise ValueError(f"gem_kappa must be positive (about 1 to 2); got {gem_kappa}.")
-        if not isinstance(validate_every, int) or validate_every < 1:
-            raise ValueError(f"validate_every must be an integer >= 1 (epochs); "
-                             f"got {validate_every!r}.")
+        validate_every = whole_number(validate_every, "validate_every (epochs)", minimum=1)
         self.mode = mode
         self.sync_every = sync_every
         self.master_optimizer = master_optimizer

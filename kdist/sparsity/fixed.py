@@ -14,6 +14,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from kdist._args import whole_number
+
 
 class FixedType:
     """A fixed-point type: `width` bits, `integer` of them above the binary point.
@@ -25,8 +27,7 @@ class FixedType:
     """
 
     def __init__(self, width, integer, signed=True, rounding=False):
-        if int(width) != width or width < 1:
-            raise ValueError(f"A fixed-point width is a positive integer; got {width}.")
+        whole_number(width, "A fixed-point width", minimum=1)
         self.width, self.integer = int(width), int(integer)
         self.signed, self.rounding = bool(signed), bool(rounding)
 

@@ -7,6 +7,7 @@ import keras_tuner as kt
 import numpy as np
 from scipy import optimize, stats
 
+from kdist._args import whole_number
 from kdist.tune import storage
 from kdist.tune.compat import keep_seed, random_values, trial_number
 from kdist.tune.space import Encoding, trial_response, unique_values
@@ -143,14 +144,11 @@ class BayesianOracle(storage.WholeSaves, kt.Oracle):
                          max_retries_per_trial=max_retries_per_trial,
                          max_consecutive_failed_trials=max_consecutive_failed_trials)
         keep_seed(self, seed)
-        if num_initial_points is not None and (int(num_initial_points) != num_initial_points
-                                               or num_initial_points < 1):
-            raise ValueError(f"num_initial_points must be an integer >= 1; "
-                             f"got {num_initial_points}.")
+        if num_initial_points is not None:
+            whole_number(num_initial_points, "num_initial_points", minimum=1)
         if xi < 0:
             raise ValueError(f"xi must be >= 0; got {xi}.")
-        if int(candidates) != candidates or candidates < 1:
-            raise ValueError(f"candidates must be an integer >= 1; got {candidates}.")
+        whole_number(candidates, "candidates", minimum=1)
         self.num_initial_points = num_initial_points
         self.xi = float(xi)
         self.candidates = int(candidates)

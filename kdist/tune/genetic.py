@@ -6,6 +6,7 @@ import math
 import keras_tuner as kt
 import numpy as np
 
+from kdist._args import whole_number
 from kdist.tune import bayesian, operators, storage
 from kdist.tune.compat import is_duplicate, keep_seed, random_values, trial_number
 from kdist.tune.space import Encoding, trial_response
@@ -80,16 +81,14 @@ class GeneticOracle(storage.WholeSaves, kt.Oracle):
             # live many generations beat large ones; a 16-strong one barely
             # beat random search.
             population_size = int(np.clip(round(math.sqrt((max_trials or 64) / 8)), 4, 16))
-        if int(population_size) != population_size or population_size < 2:
-            raise ValueError(f"population_size must be an integer >= 2; got {population_size}.")
+        whole_number(population_size, "population_size", minimum=2)
         if not 0.0 <= elite_fraction < 1.0:
             raise ValueError(f"elite_fraction must lie in [0, 1); got {elite_fraction}.")
         if not 0.0 <= mutation_rate <= 1.0:
             raise ValueError(f"mutation_rate must lie in [0, 1]; got {mutation_rate}.")
-        if generations is not None and (int(generations) != generations or generations < 1):
-            raise ValueError(f"generations must be an integer >= 1; got {generations}.")
-        if int(children) != children or children < 1:
-            raise ValueError(f"children must be an integer >= 1; got {children}.")
+        if generations is not None:
+            whole_number(generations, "generations", minimum=1)
+        whole_number(children, "children", minimum=1)
         self.children = int(children)
         self.population_size = int(population_size)
         self.elite_fraction = float(elite_fraction)

@@ -6,6 +6,7 @@ import os
 import keras_tuner as kt
 import numpy as np
 
+from kdist._args import whole_number
 from kdist.comm import processes
 from kdist.tune import compat, distributed, storage, watch
 
@@ -28,8 +29,7 @@ def fold_indices(y, folds, stratified=None, shuffle=True, seed=0, rows=None):
     from sklearn.model_selection import KFold, StratifiedKFold
     from sklearn.utils.multiclass import type_of_target
 
-    if int(folds) != folds or folds < 2:
-        raise ValueError(f"folds must be an integer >= 2; got {folds}.")
+    folds = whole_number(folds, "folds", minimum=2)
     labels = None
     if y is not None and not isinstance(y, (dict, list, tuple)):
         y = np.asarray(y)
@@ -127,8 +127,7 @@ class KFoldTuner(kt.Tuner):
         if oracle is None:
             raise ValueError("KFoldTuner needs an oracle, e.g. "
                              "kdist.tune.BayesianOracle(objective='val_loss', max_trials=30).")
-        if int(folds) != folds or folds < 2:
-            raise ValueError(f"folds must be an integer >= 2; got {folds}.")
+        folds = whole_number(folds, "folds", minimum=2)
         if kwargs.get("overwrite"):
             kwargs["overwrite"] = distributed.clear_project(
                 kwargs.get("directory") or ".", kwargs.get("project_name") or "untitled_project")

@@ -15,6 +15,7 @@ import keras_tuner as kt
 import numpy as np
 from deap import base, tools
 
+from kdist._args import whole_number
 from kdist.tune import storage
 from kdist.tune.bayesian import BayesianOracle
 from kdist.tune.compat import keep_seed, random_values, trial_number
@@ -225,9 +226,8 @@ class NSGA2Oracle(ParetoTrials, storage.WholeSaves, kt.Oracle):
                          max_consecutive_failed_trials=max_consecutive_failed_trials)
         keep_seed(self, seed)
         _objectives(self)
-        if int(population_size) != population_size or population_size < 4:
-            raise ValueError(f"population_size must be an integer >= 4 (DEAP's NSGA-II "
-                             f"tournament draws four); got {population_size}.")
+        # DEAP's NSGA-II tournament draws four.
+        whole_number(population_size, "population_size", minimum=4)
         for name, value in (("crossover_eta", crossover_eta), ("mutation_eta", mutation_eta)):
             if value <= 0:
                 raise ValueError(f"{name} must be > 0; got {value}.")
