@@ -7,9 +7,9 @@ For each TensorFlow version it makes a virtual environment (under `--venvs`), in
 that TensorFlow, the Keras and keras-tuner asked for (`newest`: the newest the package
 index offers that pip can install beside it) and kdist from this checkout with the
 requirements of its MPI, tuning, tfmot and examples extras (kdist itself without them, so
-that a TensorFlow outside kdist's declared range is tested too), then runs the core subset of the suite there, with
-kdist's compiled ops built afresh for that TensorFlow (`KDIST_CACHE` inside the
-environment). The subset, one test per feature:
+that a TensorFlow outside kdist's declared range is tested too), then runs the core
+subset of the suite there, with kdist's compiled ops built afresh for that TensorFlow
+(`KDIST_CACHE` inside the environment). The subset, one test per feature:
 
 - collectives: every collective on real ranks;
 - optimizer: `DistributedOptimizer` on two ranks equals one process on the global batch;
