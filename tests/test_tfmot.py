@@ -276,6 +276,14 @@ def test_what_kdist_does_not_offer_is_refused_with_a_reason():
         tfmot.sparsity.keras.PruningSummaries(log_dir="")
 
 
+def test_pruning_summaries_without_tensorboard_says_what_to_install(monkeypatch, tmp_path):
+    from kdist.sparsity import callbacks
+
+    monkeypatch.setattr(callbacks, "_tensorboard_installed", lambda: False)
+    with pytest.raises(ImportError, match="pip install tensorboard"):
+        tfmot.sparsity.keras.PruningSummaries(log_dir=str(tmp_path))
+
+
 def test_submodules_import_like_tfmot_s():
     from kdist.tfmot.quantization.keras import quantize_model
     from kdist.tfmot.sparsity.keras import PolynomialDecay, prune_low_magnitude as plm

@@ -180,6 +180,12 @@ class SyncQuantizeRanges(keras.callbacks.Callback):
             variable.assign(value)
 
 
+def _tensorboard_installed():
+    import importlib.util
+
+    return importlib.util.find_spec("tensorboard") is not None
+
+
 class PruningSummaries(keras.callbacks.TensorBoard):
     """TensorBoard logging that adds each pruned layer's sparsity.
 
@@ -198,6 +204,11 @@ class PruningSummaries(keras.callbacks.TensorBoard):
     def __init__(self, log_dir, update_freq="epoch", **kwargs):
         if not isinstance(log_dir, (str, os.PathLike)) or not str(log_dir):
             raise ValueError(f"PruningSummaries needs a log_dir to write to; got {log_dir!r}.")
+        if not _tensorboard_installed():
+            # TensorFlow stopped installing it in 2.21; otherwise the first summary fails.
+            raise ImportError("PruningSummaries writes TensorBoard event files, which needs "
+                              "the tensorboard package: pip install tensorboard (kdist's "
+                              "'tfmot' extra installs it).")
         super().__init__(log_dir=log_dir, update_freq=update_freq, **kwargs)
 
     def on_train_begin(self, logs=None):
