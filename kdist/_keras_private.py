@@ -87,6 +87,32 @@ def producing_layer_name(tensor):
     return None if history is None else history.operation.name
 
 
+def is_loss_scale_finite_check(fn):
+    """Whether `fn`, run through a strategy, is Keras's loss-scale optimizer checking its
+    gradients for overflow (which every rank must decide alike).
+
+    Relies on `LossScaleOptimizer.check_finite` being the method it runs.
+    """
+    import keras
+
+    owner = getattr(fn, "__self__", None)
+    return (getattr(fn, "__name__", "") == "check_finite"
+            and isinstance(owner, keras.optimizers.LossScaleOptimizer))
+
+
+def is_predict_step(fn):
+    """Whether `fn` is Keras's prediction step (`predict` runs it through `strategy.run`).
+
+    Relies on the step's name, `Model.predict_step`, or on its being made inside
+    `make_predict_function`.
+    """
+    import inspect
+
+    fn = inspect.unwrap(getattr(fn, "python_function", fn))
+    return (getattr(fn, "__name__", "") == "predict_step"
+            or "make_predict_function" in getattr(fn, "__qualname__", ""))
+
+
 def load_optimizer_weights_from_h5(group):
     """The optimizer weights stored in an open `.h5` file (Keras's legacy format), as
     arrays.

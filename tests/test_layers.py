@@ -279,3 +279,20 @@ def test_importing_keras_after_kdist_registers_kdists_classes_and_nothing_more()
     assert hooked and not after, "the finder removes itself once Keras is in"
     modules, hooked, after = _modules_after_import_keras(KDIST_KERAS_REGISTRATION="0")
     assert "kdist.optimizers.distributed" not in modules and not hooked and not after
+
+
+def test_the_keras_names_kdist_recognises_still_exist():
+    # kdist._keras_private recognises Keras's steps by these names; a Keras that renames
+    # them fails here, not silently in a distributed run.
+    import keras
+
+    from kdist import _keras_private
+
+    assert callable(getattr(keras.optimizers.LossScaleOptimizer, "check_finite", None))
+    assert callable(getattr(keras.Model, "predict_step", None))
+    assert callable(getattr(keras.Model, "make_predict_function", None))
+    optimizer = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD())
+    assert _keras_private.is_loss_scale_finite_check(optimizer.check_finite)
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    assert _keras_private.is_predict_step(model.predict_step)
+    assert not _keras_private.is_predict_step(model.train_step)

@@ -21,14 +21,13 @@ written for `tf.distribute.MirroredStrategy` runs under `mpiexec` unchanged:
 - under mixed precision, every rank skips a step when any rank overflowed.
 """
 
-import inspect
 import logging
 import weakref
 
 import keras
 import tensorflow as tf
 
-from kdist import _tf_private
+from kdist import _keras_private, _tf_private
 from kdist.comm import collectives
 from kdist.comm import processes
 from kdist.comm.tensors import TensorReducer
@@ -331,14 +330,5 @@ def _local_value(value):
     return tf.convert_to_tensor(value)
 
 
-def _is_overflow_check(fn):
-    owner = getattr(fn, "__self__", None)
-    return (getattr(fn, "__name__", "") == "check_finite"
-            and isinstance(owner, keras.optimizers.LossScaleOptimizer))
-
-
-def _is_predict_step(fn):
-    """Whether `fn` is Keras's prediction step (`predict` runs it through `strategy.run`)."""
-    fn = inspect.unwrap(getattr(fn, "python_function", fn))
-    return (getattr(fn, "__name__", "") == "predict_step"
-            or "make_predict_function" in getattr(fn, "__qualname__", ""))
+_is_overflow_check = _keras_private.is_loss_scale_finite_check
+_is_predict_step = _keras_private.is_predict_step
