@@ -60,8 +60,8 @@ def requirement(name, version):
 
 
 def kdist_requirements(extras=("mpi", "tune", "tfmot", "examples")):
-    """kdist's own requirements from pyproject.toml, less TensorFlow, Keras, keras-tuner
-    and tf_keras, which this script chooses."""
+    """kdist's own requirements from pyproject.toml, less TensorFlow, Keras, keras-tuner,
+    tf_keras and TensorBoard, which this script chooses."""
     import re
     import tomllib
 
@@ -70,7 +70,7 @@ def kdist_requirements(extras=("mpi", "tune", "tfmot", "examples")):
     wanted = list(project["dependencies"])
     for extra in extras:
         wanted += project["optional-dependencies"][extra]
-    chosen = {"tensorflow", "keras", "keras-tuner", "tf-keras", "tf_keras"}
+    chosen = {"tensorflow", "keras", "keras-tuner", "tf-keras", "tf_keras", "tensorboard"}
     return sorted({r for r in wanted
                    if re.split(r"[<>=!~\[ ]", r, maxsplit=1)[0].lower() not in chosen})
 
@@ -84,7 +84,8 @@ def make_environment(path, tensorflow, keras, keras_tuner, reuse):
     shutil.rmtree(path, ignore_errors=True)
     subprocess.run([sys.executable, "-m", "venv", path], check=True)
     minor = ".".join(tensorflow.split(".")[:2])
-    packages = [f"tensorflow=={tensorflow}", f"tf_keras=={minor}.*",
+    # tf_keras and TensorBoard come in one minor version per TensorFlow minor.
+    packages = [f"tensorflow=={tensorflow}", f"tf_keras=={minor}.*", f"tensorboard=={minor}.*",
                 requirement("keras", keras), requirement("keras-tuner", keras_tuner),
                 "pytest>=8", "pytest-timeout>=2.3", *kdist_requirements()]
     # --upgrade: "newest" means the newest pip can install beside that TensorFlow, not

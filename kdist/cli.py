@@ -436,12 +436,17 @@ def _add_launch_arguments(parser, what):
     parser.add_argument("command", nargs=argparse.REMAINDER)
 
 
+# kdist's own per-process variables, and one that names this host: never passed on.
+NOT_FORWARDED = ("KDIST_TTY", "KDIST_VERBOSE", "KDIST_TF_HOST", "KDIST_RANK_TAG",
+                 "KDIST_PREFIXER", "KDIST_ELASTIC_REPLACEMENT")
+
+
 def _forwarded(verbose):
     """The variables Open MPI must pass on to ranks on other nodes: kdist's own, and
     every KDIST_ setting the user exported (KDIST_BUCKET_BYTES, KDIST_RING, timeouts),
     which must be the same on every rank."""
     user = sorted(name for name in os.environ
-                  if name.startswith("KDIST_") and name not in ("KDIST_TTY", "KDIST_VERBOSE"))
+                  if name.startswith("KDIST_") and name not in NOT_FORWARDED)
     return ["KDIST_TTY"] + (["KDIST_VERBOSE"] if verbose else []) + user
 
 
@@ -481,16 +486,18 @@ def _add_plan_parser(sub):
 
 
 def _measured_link():
-    """(link, nodes of this job, whether this rank prints): the link between the job's
-    ranks, measured by every rank together."""
+    """(link, nodes of this job, whether this rank prints, whether ranks share nodes):
+    the link between the job's ranks, measured by every rank together."""
     import kdist
     from kdist.distribute import planner
 
     if kdist.size() < 2:
         raise ValueError("--measure needs 2 or more ranks, one per node: "
                          "kdist run -n 2 --mpi-args \"-H node1,node2\" kdist plan --measure ...")
+    # Every rank counts the same hosts, so every rank plans alike.
+    hosts = kdist.allgather_object(platform.node())
     link = planner.measure_link()
-    return link, kdist.size() // kdist.local_size(), kdist.rank() == 0
+    return link, len(set(hosts)), kdist.rank() == 0, len(set(hosts)) < len(hosts)
 
 
 def _plan(args):
@@ -503,8 +510,12 @@ def _plan(args):
             if args.gbit is not None or args.latency_us is not None:
                 raise ValueError("--measure measures the link; leave out --gbit and "
                                  "--latency-us.")
-            link, job_nodes, speaks = _measured_link()
+            link, job_nodes, speaks, shared = _measured_link()
             nodes = job_nodes if args.nodes is None else args.nodes
+            if shared and speaks:
+                print("kdist plan: some ranks share a node, so the measured link is partly "
+                      "within nodes; start one rank per node to measure the network.",
+                      file=sys.stderr)
         else:
             link = Link.from_gbit(10.0 if args.gbit is None else args.gbit,
                                   10.0 if args.latency_us is None else args.latency_us)

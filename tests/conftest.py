@@ -46,13 +46,26 @@ def _read_reports(report_dir):
 WITHOUT_MPI = "KDIST_TEST_WITHOUT_MPI"
 
 
+def _without_mpi_asked():
+    return os.environ.get(WITHOUT_MPI, "").strip().lower() not in ("", "0", "false", "no",
+                                                                   "off")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_itemcollected(item):
+    """Every test that launches MPI jobs is an `mpi` test, marked or not, so that
+    `-m "not mpi"` leaves all of them out."""
+    if "mpiexec_path" in getattr(item, "fixturenames", ()):
+        item.add_marker(pytest.mark.mpi)
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config, items):
     """Refuses to run a selection that holds multi-process tests when MPI is missing:
     skipping them would leave a green run that tested none of the distributed behaviour.
     `KDIST_TEST_WITHOUT_MPI=1` skips them knowingly instead."""
     needs_mpi = [item for item in items if "mpiexec_path" in getattr(item, "fixturenames", ())]
-    if needs_mpi and _mpiexec() is None and not os.environ.get(WITHOUT_MPI):
+    if needs_mpi and _mpiexec() is None and not _without_mpi_asked():
         raise pytest.UsageError(
             f"{len(needs_mpi)} selected tests launch MPI jobs, but mpi4py or mpiexec is "
             f"missing (pip install -e '.[test]' installs both). Set {WITHOUT_MPI}=1 to skip "

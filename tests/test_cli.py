@@ -57,6 +57,8 @@ def test_run_passes_every_kdist_setting_on_to_ranks_on_other_nodes(monkeypatch):
     forwarded = cli._forwarded(verbose=False)
     assert forwarded[0] == "KDIST_TTY" and "KDIST_VERBOSE" not in forwarded
     assert {"KDIST_BUCKET_BYTES", "KDIST_RING"} <= set(forwarded)
+    monkeypatch.setenv("KDIST_TF_HOST", "this-host")  # names this host: not passed on
+    assert "KDIST_TF_HOST" not in cli._forwarded(verbose=False)
     assert "KDIST_VERBOSE" in cli._forwarded(verbose=True)
 
 

@@ -281,6 +281,22 @@ def test_importing_keras_after_kdist_registers_kdists_classes_and_nothing_more()
     assert "kdist.optimizers.distributed" not in modules and not hooked and not after
 
 
+def test_without_registration_an_mpi_strategy_still_brings_the_agreement_callbacks():
+    import os
+    import subprocess
+    import sys
+
+    code = ("import sys, kdist, keras\n"
+            "before = 'kdist.callbacks.agreement' in sys.modules\n"
+            "kdist.distribute.MPIStrategy()\n"
+            "print(before, 'kdist.callbacks.agreement' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3",
+                                   KDIST_KERAS_REGISTRATION="0"), timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split()[-2:] == ["False", "True"]
+
+
 def test_the_keras_names_kdist_recognises_still_exist():
     # kdist._keras_private recognises Keras's steps by these names; a Keras that renames
     # them fails here, not silently in a distributed run.

@@ -7,7 +7,7 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _collect_without_mpi4py(tmp_path, **env):
+def _collect_without_mpi4py(tmp_path, *args, files=("tests/test_ring.py",), **env):
     # An mpi4py that cannot be imported, ahead of the real one on the path.
     fake = tmp_path / "mpi4py"
     fake.mkdir(exist_ok=True)
@@ -18,7 +18,7 @@ def _collect_without_mpi4py(tmp_path, **env):
     environ.update(env)
     return subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "--collect-only", "-p", "no:cacheprovider",
-         "tests/test_ring.py"], cwd=ROOT, env=environ, capture_output=True, text=True,
+         *args, *files], cwd=ROOT, env=environ, capture_output=True, text=True,
         timeout=300)
 
 
@@ -29,3 +29,11 @@ def test_a_selection_with_mpi_tests_refuses_to_run_without_mpi(tmp_path):
     # Asked for knowingly, the same selection is collected (and its MPI tests skip).
     allowed = _collect_without_mpi4py(tmp_path, KDIST_TEST_WITHOUT_MPI="1")
     assert allowed.returncode == 0, allowed.stdout[-2000:] + allowed.stderr[-2000:]
+    # Leaving the MPI tests out is another way, and it leaves out those that launch MPI
+    # jobs without the marker too (test_cli.py has some).
+    left_out = _collect_without_mpi4py(tmp_path, "-m", "not mpi",
+                                       files=("tests/test_cli.py",))
+    assert left_out.returncode == 0, left_out.stdout[-2000:] + left_out.stderr[-2000:]
+    assert "test_run_prefixes_each_rank_and_reports_info" not in left_out.stdout
+    assert "test_info_reports_versions_and_ranks" in left_out.stdout
+

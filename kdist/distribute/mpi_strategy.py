@@ -21,6 +21,7 @@ written for `tf.distribute.MirroredStrategy` runs under `mpiexec` unchanged:
 - under mixed precision, every rank skips a step when any rank overflowed.
 """
 
+import importlib
 import logging
 import weakref
 
@@ -98,6 +99,10 @@ class MPIStrategy(tf.distribute.Strategy):
         super().__init__(_MPIExtended(self, device, comm, compression, bucket_bytes))
         if comm.rank == 0:
             logger.info("MPIStrategy: %d replicas (one per rank) on %s", comm.size, device)
+        # kdist's callbacks register their hook when imported, which registering kdist's
+        # classes with Keras does; KDIST_KERAS_REGISTRATION=0 leaves that out, so import
+        # them here (by name: they sit above this layer).
+        importlib.import_module("kdist.callbacks.agreement")
         for hook in list(_created_hooks):
             hook(self)
 

@@ -12,7 +12,7 @@ tf_keras models are handed to tensorflow-model-optimization (extra `tfmot`);
 """
 
 import importlib as _importlib
-import importlib.util  # noqa: F401  (for _importlib.util)
+from importlib import util as _importlib_util
 from typing import TYPE_CHECKING as _TYPE_CHECKING
 
 # Names load on first use: `import kdist.sparsity` (and registering kdist's classes
@@ -105,7 +105,7 @@ def __getattr__(name):
         value = getattr(_importlib.import_module(_LAZY[name]), name)
         globals()[name] = value
         return value
-    if not name.startswith("_") and _importlib.util.find_spec(f"{__name__}.{name}"):
+    if not name.startswith("_") and _importlib_util.find_spec(f"{__name__}.{name}"):
         return _importlib.import_module(f"{__name__}.{name}")  # a submodule, as before
     raise AttributeError(f"module 'kdist.sparsity' has no attribute {name!r}")
 
