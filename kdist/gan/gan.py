@@ -62,7 +62,7 @@ class GAN(keras.Model):
         if generator is discriminator:
             raise ValueError("The generator and the discriminator must be different models.")
         for name, steps in (("d_steps", d_steps), ("g_steps", g_steps)):
-            whole_number(steps, f"{name} (updates)", minimum=1)
+            whole_number(steps, name, minimum=1)  # updates per batch
         self.generator = generator
         self.discriminator = discriminator
         self.conditional = len(_inputs(generator)) == 2

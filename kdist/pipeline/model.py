@@ -83,7 +83,7 @@ class PipelineModel(keras.Model):
         if not stages:
             raise ValueError("A pipeline needs at least one stage.")
         whole_number(micro_batches, "micro_batches", minimum=1)
-        whole_number(tensor_parallel, "tensor_parallel (ranks per stage)", minimum=1)
+        whole_number(tensor_parallel, "tensor_parallel", minimum=1)  # ranks per stage
         self.micro_batches = int(micro_batches)
         self.schedule = schedule_lib.check(schedule)
         self.recompute = bool(recompute)

@@ -93,8 +93,8 @@ class ParameterServerStrategy:
                  fault_tolerant=False, shared_memory=True, comm=None):
         if mode not in rules.MODES:
             raise ValueError(f"mode must be one of {rules.MODES}; got {mode!r}.")
-        sync_every = whole_number(sync_every, "sync_every (training steps between exchanges)",
-                                  minimum=1)
+        # Training steps between exchanges.
+        sync_every = whole_number(sync_every, "sync_every", minimum=1)
         if not 0.0 < elastic_force <= 1.0:
             raise ValueError(f"elastic_force must lie in (0, 1]; got {elastic_force}. "
                              "0.5 is a common choice; 1 copies the worker into the centre.")
@@ -108,7 +108,7 @@ class ParameterServerStrategy:
             raise ValueError(f"gem_momentum must lie in [0, 1); got {gem_momentum}.")
         if gem_kappa <= 0:
             raise ValueError(f"gem_kappa must be positive (about 1 to 2); got {gem_kappa}.")
-        validate_every = whole_number(validate_every, "validate_every (epochs)", minimum=1)
+        validate_every = whole_number(validate_every, "validate_every", minimum=1)  # epochs
         self.mode = mode
         self.sync_every = sync_every
         self.master_optimizer = master_optimizer
