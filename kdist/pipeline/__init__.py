@@ -8,9 +8,9 @@
   across a group of ranks.
 """
 
-import importlib as _importlib
-from importlib import util as _importlib_util
 from typing import TYPE_CHECKING as _TYPE_CHECKING
+
+from kdist._lazy import lazy_attributes as _lazy_attributes
 
 # Names load on first use: registering kdist's classes with Keras (the tensor-parallel
 # layers) then does not import the pipeline's machinery.
@@ -39,16 +39,4 @@ __all__ = ["ColumnParallelDense", "ColumnParallelEinsumDense", "PipelineModel",
            "RowParallelDense", "RowParallelEinsumDense", "TensorParallelMultiHeadAttention",
            "load_whole_model_weights", "split"]
 
-
-def __getattr__(name):
-    if name in _LAZY:
-        value = getattr(_importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
-    if not name.startswith("_") and _importlib_util.find_spec(f"{__name__}.{name}"):
-        return _importlib.import_module(f"{__name__}.{name}")  # a submodule, as before
-    raise AttributeError(f"module 'kdist.pipeline' has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = _lazy_attributes(__name__, _LAZY)

@@ -11,9 +11,9 @@ tf_keras models are handed to tensorflow-model-optimization (extra `tfmot`);
 `kdist.tfmot` gives tfmot's own import paths for Keras 3 models.
 """
 
-import importlib as _importlib
-from importlib import util as _importlib_util
 from typing import TYPE_CHECKING as _TYPE_CHECKING
+
+from kdist._lazy import lazy_attributes as _lazy_attributes
 
 # Names load on first use: `import kdist.sparsity` (and registering kdist's classes
 # with Keras when it is imported) costs only the modules a script reaches.
@@ -99,17 +99,4 @@ __all__ = [
     "quantize_array", "run_tflite", "sparsity_of", "strip", "tflite_dtypes",
 ]
 
-
-def __getattr__(name):
-    if name in _LAZY:
-        value = getattr(_importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
-    if not name.startswith("_") and _importlib_util.find_spec(f"{__name__}.{name}"):
-        return _importlib.import_module(f"{__name__}.{name}")  # a submodule, as before
-    raise AttributeError(f"module 'kdist.sparsity' has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted(set(globals()) | set(_LAZY))
-
+__getattr__, __dir__ = _lazy_attributes(__name__, _LAZY)
