@@ -29,12 +29,13 @@ def supported():
     return ranges
 
 
-def outside(installed):
+def outside(installed, ranges=None):
     """[(package, installed version, supported range)] for each package of `installed`
-    ({package: version}) whose version kdist does not declare support for."""
+    ({package: version}) whose version kdist does not declare support for; `ranges`:
+    `supported()`, when the caller has it already."""
     from packaging.specifiers import SpecifierSet
 
-    ranges = supported()
+    ranges = supported() if ranges is None else ranges
     return [(name, version, ranges[name]) for name, version in sorted(installed.items())
             if name in ranges and not SpecifierSet(ranges[name]).contains(
                 version, prereleases=True)]

@@ -220,15 +220,17 @@ def collect_info():
     kdist.init()
     from kdist import _support
 
+    ranges = _support.supported()
     info = {
         "kdist": kdist.__version__,
         "python": platform.python_version(),
         "tensorflow": tf.__version__,
         "keras": keras.__version__,
-        "supported": _support.supported(),
+        "supported": ranges,
         "unsupported": [f"{name} {version} (kdist supports {name}{wanted})" for
                         name, version, wanted in _support.outside(
-                            {"tensorflow": tf.__version__, "keras": keras.__version__})],
+                            {"tensorflow": tf.__version__, "keras": keras.__version__},
+                            ranges)],
         "numpy": numpy.__version__,
         "launched_by_mpi": world.launched_by_mpi(),
         "rank": kdist.rank(),
