@@ -10,7 +10,7 @@ import keras_tuner as kt
 import pytest
 
 import kdist.tune
-from kdist.tune import distributed
+from kdist.tune import compat, distributed
 
 KDIST = pathlib.Path(kdist.tune.__file__).parents[1]
 COMPAT = KDIST / "tune" / "compat.py"
@@ -87,19 +87,35 @@ def _tuner(tmp_path):
 
 
 @pytest.mark.parametrize("mixin", [distributed._Leading, distributed._Following])
-def test_a_part_played_leaves_the_tuner_and_the_environment_as_they_were(tmp_path, mixin):
+def test_a_part_is_played_by_a_view_and_the_tuner_keeps_its_class(tmp_path, mixin):
     tuner = _tuner(tmp_path)
     before, oracle = dict(vars(tuner)), tuner.oracle
-    environment = {name: os.environ.get(name) for name in distributed._ENVIRONMENT}
+    environment = {name: value for name, value in os.environ.items()
+                   if name.startswith("KERASTUNER_")}
     part = distributed._Part(None, "group0", scratch=str(tmp_path))
-    with pytest.raises(RuntimeError, match="midway"):
-        with distributed._playing(tuner, mixin, part, {"KERASTUNER_TUNER_ID": "group0"}):
-            assert isinstance(tuner, mixin) and isinstance(tuner, _Own)
-            assert os.environ["KERASTUNER_TUNER_ID"] == "group0"
-            raise RuntimeError("midway")
-    assert type(tuner) is _Own
+    part.client = object()
+    view = distributed._playing(tuner, mixin, part)
+    assert isinstance(view, mixin) and isinstance(view, _Own) and type(tuner) is _Own
+    # What the search records on the view is recorded on the user's tuner.
+    view.recorded = 1
+    assert tuner.recorded == 1
+    del view.recorded
+    # The part's state stays on the view.
+    assert view._role is part and "_role" not in vars(tuner)
+    if mixin is distributed._Leading:
+        assert view.oracle is part.client and view.tuner_id == "group0"
+        assert compat.is_worker(view) and not compat.is_worker(tuner)
+        # kdist's whole-file saves, set on the tuner, save as the view: a worker's.
+        kdist.tune.storage.make_saves_whole(tuner)
+        before["save"] = tuner.save
+        view.save()
+        assert os.path.exists(compat.tuner_file(view))
+        assert not os.path.exists(compat.oracle_file(tuner.oracle))
+    else:
+        assert compat.checkpoint_path(view, "7").startswith(str(tmp_path))
     assert vars(tuner) == before and tuner.oracle is oracle and tuner.tuner_id == "tuner0"
-    assert {name: os.environ.get(name) for name in distributed._ENVIRONMENT} == environment
+    assert {name: value for name, value in os.environ.items()
+            if name.startswith("KERASTUNER_")} == environment
     # The same class is reused, not made again for every search.
     assert distributed._subclass(_Own, mixin) is distributed._subclass(_Own, mixin)
 

@@ -36,6 +36,7 @@ import math
 import keras_tuner as kt
 import numpy as np
 
+from kdist._args import whole_number
 from kdist.tune.bayesian import BayesianOracle
 from kdist.tune.compat import ComparesValues, random_values, trial_number
 from kdist.tune.space import Encoding
@@ -120,22 +121,23 @@ class BOHBOracle(ComparesValues, BayesianOracle):
                          allow_new_entries=allow_new_entries, tune_new_entries=tune_new_entries,
                          max_retries_per_trial=max_retries_per_trial,
                          max_consecutive_failed_trials=max_consecutive_failed_trials)
-        if int(factor) != factor or factor < 2:
+        try:
+            factor = whole_number(factor, "factor", minimum=2)
+        except (TypeError, ValueError):
             # Worded as keras-tuner's Hyperband words it, whose users match on it.
-            raise ValueError(f"factor needs to be an int larger than 1; got {factor}.")
-        for name, value, least in (("max_epochs", max_epochs, 1),
-                                   ("hyperband_iterations", hyperband_iterations, 1)):
-            if int(value) != value or value < least:
-                raise ValueError(f"{name} must be an integer >= {least}; got {value}.")
-        if budget is not None and (int(budget) != budget or budget < 1):
-            raise ValueError(f"budget must be an integer >= 1 (epochs); got {budget}.")
+            raise ValueError(f"factor needs to be an int larger than 1; got {factor}.") from None
+        max_epochs = whole_number(max_epochs, "max_epochs", minimum=1)
+        hyperband_iterations = whole_number(hyperband_iterations, "hyperband_iterations",
+                                            minimum=1)
+        if budget is not None:
+            budget = whole_number(budget, "budget (epochs)", minimum=1)
         if not 0.0 <= random_fraction <= 1.0:
             raise ValueError(f"random_fraction must lie in [0, 1]; got {random_fraction}.")
-        if min_points is not None and (int(min_points) != min_points or min_points < 2):
-            raise ValueError(f"min_points must be an integer >= 2; got {min_points}.")
-        self.max_epochs, self.factor = int(max_epochs), int(factor)
-        self.hyperband_iterations = int(hyperband_iterations)
-        self.budget = int(budget) if budget is not None else (
+        if min_points is not None:
+            min_points = whole_number(min_points, "min_points", minimum=2)
+        self.max_epochs, self.factor = max_epochs, factor
+        self.hyperband_iterations = hyperband_iterations
+        self.budget = budget if budget is not None else (
             self.hyperband_iterations * iteration_epochs(self.max_epochs, self.factor))
         self.random_fraction = float(random_fraction)
         self.min_points = min_points

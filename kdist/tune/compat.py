@@ -222,6 +222,19 @@ class CheckpointsThrough:
         return self.checkpoint_file(trial_id)
 
 
+class WorkerTuner:
+    """Tuner mixin: the tuner is a worker of a distributed search, which
+    leaves the oracle's files to the process that serves the oracle.
+
+    Relies on `BaseTuner._is_worker`, which `save` and `reload` consult;
+    keras-tuner's own answer comes from the `KERASTUNER_*` environment
+    variables, which kdist does not set.
+    """
+
+    def _is_worker(self):
+        return True
+
+
 # The distributed oracle service.
 
 def serve_oracle(oracle, server):
@@ -238,15 +251,30 @@ def serve_oracle(oracle, server):
         oracle_chief.OracleServicer(oracle), server)
 
 
-def oracle_client(oracle):
-    """keras-tuner's client of the oracle service, at the address the
-    `KERASTUNER_ORACLE_IP` / `KERASTUNER_ORACLE_PORT` environment names.
+def oracle_client(oracle, address, tuner_id):
+    """keras-tuner's client of the oracle service at `address` (host, port),
+    asking for trials as `tuner_id`, with `oracle` answering the few questions
+    the client does not send (its objective, for one).
 
-    Relies on `keras_tuner.src.distribute.oracle_client.OracleClient`.
+    keras-tuner's own constructor reads the address and the id from the
+    `KERASTUNER_*` environment variables; this one takes them as arguments,
+    so that a search sets nothing in `os.environ`.
+
+    Relies on `keras_tuner.src.distribute.oracle_client.OracleClient` and the
+    attributes its methods use: `_oracle`, `stub`, `tuner_id`,
+    `multi_worker` and `should_report`.
     """
+    import grpc
+    from keras_tuner.src import protos
     from keras_tuner.src.distribute import oracle_client as client_module
 
-    return client_module.OracleClient(oracle)
+    client = object.__new__(client_module.OracleClient)
+    client._oracle = oracle
+    channel = grpc.insecure_channel(f"{address[0]}:{address[1]}")
+    client.stub = protos.get_service_grpc().OracleStub(channel)
+    client.tuner_id = tuner_id
+    client.multi_worker, client.should_report = False, True
+    return client
 
 
 def ask_for_trial(client, trial_id, timeout):

@@ -48,6 +48,7 @@ only; so does the environment keras-tuner's workers read.
 """
 
 import contextlib
+import functools
 import logging
 import os
 import socket
@@ -56,13 +57,13 @@ from concurrent import futures
 
 import keras_tuner as kt
 
+from kdist._args import whole_number
 from kdist.comm import p2p, processes
 from kdist.tune import compat, storage, watch
 
 logger = logging.getLogger(__name__)
 
 DONE_TAG, TRIAL_TAG, FINISHED_TAG = 7301, 7302, 7303
-_ENVIRONMENT = ("KERASTUNER_ORACLE_IP", "KERASTUNER_ORACLE_PORT", "KERASTUNER_TUNER_ID")
 _current = None
 
 
@@ -76,11 +77,8 @@ class Roles:
     """
 
     def __init__(self, comm, folds_per_group=1, workers_per_fold=1):
-        for name, value in (("folds_per_group", folds_per_group),
-                            ("workers_per_fold", workers_per_fold)):
-            if int(value) != value or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1; got {value}.")
-        self.folds_per_group, self.workers_per_fold = int(folds_per_group), int(workers_per_fold)
+        self.folds_per_group = whole_number(folds_per_group, "folds_per_group", minimum=1)
+        self.workers_per_fold = whole_number(workers_per_fold, "workers_per_fold", minimum=1)
         per_group = self.folds_per_group * self.workers_per_fold
         if comm.size < 1 + per_group or (comm.size - 1) % per_group:
             raise ValueError(
@@ -287,8 +285,8 @@ class _PatientClient:
     the end (which it does before it closes the service).
     """
 
-    def __init__(self, oracle, comm):
-        self._client = compat.oracle_client(oracle)
+    def __init__(self, oracle, comm, address, tuner_id):
+        self._client = compat.oracle_client(oracle, address, tuner_id)
         self._local, self._comm = oracle, comm
 
     def __getattr__(self, name):
@@ -418,28 +416,36 @@ class _Part:
         self.client = None  # a leader's _PatientClient
 
 
-_part = None
 _subclasses = {}
 
 
-class _Leading:
+class _Leading(compat.WorkerTuner):
     """A group leader's tuner: asks rank 0's oracle service for trials, hands
-    each to its group and sends heartbeats while the group trains it."""
-
+    each to its group and sends heartbeats while the group trains it; the
+    oracle's files are rank 0's."""
 
     @property
     def oracle(self):
-        return _part.client
+        return self._role.client
 
     @property
     def tuner_id(self):
-        return _part.tuner_id
+        return self._role.tuner_id
+
+    @property
+    def save(self):
+        # The tuner's own `save` (kdist's whole-file one, set on the tuner by
+        # `storage.make_saves_whole`) is bound to the tuner, which is no worker;
+        # a property outranks it, so that this role's saves leave the oracle's
+        # file to rank 0 and write this group's tuner state.
+        return functools.partial(storage.save_tuner, self)
 
     def run_trial(self, trial, *args, **kwargs):
-        roles = _part.roles
+        roles = self._role.roles
         try:
             _tell_group(roles, ("trial", trial.get_state()))
-            with _beating(_part.client, _part.tuner_id, trial.trial_id, _part.lost_after):
+            with _beating(self._role.client, self._role.tuner_id, trial.trial_id,
+                          self._role.lost_after):
                 return _run_together(roles, self, super().run_trial, trial, args, kwargs)
         except Exception as error:
             if _lost_a_rank(error):
@@ -452,55 +458,39 @@ class _Following(compat.CheckpointsThrough):
     """A follower's tuner: its checkpoints go to a directory of its own, so
     that two ranks never write one file (the leader's copy is the trial's)."""
 
-
     def checkpoint_file(self, trial_id):
-        return os.path.join(_part.scratch, f"trial_{trial_id}.weights.h5")
+        return os.path.join(self._role.scratch, f"trial_{trial_id}.weights.h5")
 
 
 def _subclass(cls, part):
     """`cls` playing `part` (a mixin placed first, so that its methods wrap the
-    tuner's own, user overrides included); made once per class."""
+    tuner's own, user overrides included); made once per class. The part's
+    state is a slot of the view, never one of the tuner's shared attributes."""
     key = (part, cls)
     if key not in _subclasses:
         _subclasses[key] = type(f"{cls.__name__}{part.__name__}", (part, cls),
-                                {"__module__": cls.__module__})
+                                {"__module__": cls.__module__, "__slots__": ("_role",)})
     return _subclasses[key]
 
 
-@contextlib.contextmanager
-def _playing(tuner, mixin, part, environment=None):
-    """For the block, `tuner` is of its class's `mixin` subclass, `part` is the
-    search's state and `environment` is set; afterwards all is as it was,
-    error or not: nothing of the search stays on the tuner or in `os.environ`."""
-    global _part
-    own = type(tuner)
-    saved = {name: os.environ.get(name) for name in _ENVIRONMENT}
-    try:
-        os.environ.update(environment or {})
-        _part = part
-        tuner.__class__ = _subclass(own, mixin)
-        yield part
-    finally:
-        tuner.__class__ = own
-        _part = None
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+def _playing(tuner, mixin, part):
+    """A view of `tuner` playing `part`: an object of its class's `mixin`
+    subclass that shares the tuner's attributes (the same `__dict__`), so that
+    what the search records (trials, best models, the oracle's state) is on
+    the user's tuner, whose own class is never changed."""
+    view = object.__new__(_subclass(type(tuner), mixin))
+    view.__dict__ = tuner.__dict__
+    view._role = part
+    return view
 
 
 def _lead(tuner, roles, address, lost_after, fit_args, fit_kwargs):
     tuner_id = f"group{roles.group}"
     oracle = tuner.oracle
-    # keras-tuner's documented settings for a worker: its client finds the
-    # service there, and the tuner leaves the oracle's files to rank 0.
-    environment = dict(KERASTUNER_ORACLE_IP=address[0], KERASTUNER_ORACLE_PORT=str(address[1]),
-                       KERASTUNER_TUNER_ID=tuner_id)
+    part = _Part(roles, tuner_id, lost_after)
+    part.client = _PatientClient(oracle, roles.comm, address, tuner_id)
     try:
-        with _playing(tuner, _Leading, _Part(roles, tuner_id, lost_after), environment) as part:
-            part.client = _PatientClient(oracle, roles.comm)
-            tuner.search(*fit_args, **fit_kwargs)
+        _playing(tuner, _Leading, part).search(*fit_args, **fit_kwargs)
     except _GroupBroken as error:
         # The oracle hears of it by this group's end while it holds a trial.
         logger.warning("%s; the group leaves the search, and its trial goes to another "
@@ -554,18 +544,18 @@ def _follow(tuner, roles, fit_args, fit_kwargs):
 
     scratch = tempfile.mkdtemp(prefix="kdist-tune-")
     try:
-        with _playing(tuner, _Following, _Part(roles, scratch=scratch)):
-            while True:
-                # Polled, not a collective: the leader may wait long for the oracle.
-                found, message = p2p.try_recv_object(roles.group_comm, 0, TRIAL_TAG)
-                if not found:
-                    time.sleep(0.05)
-                    continue
-                kind, state = message
-                if kind == "stop":
-                    return
-                trial = kt.engine.trial.Trial.from_state(state)
-                _run_together(roles, tuner, tuner.run_trial, trial, fit_args, fit_kwargs)
+        view = _playing(tuner, _Following, _Part(roles, scratch=scratch))
+        while True:
+            # Polled, not a collective: the leader may wait long for the oracle.
+            found, message = p2p.try_recv_object(roles.group_comm, 0, TRIAL_TAG)
+            if not found:
+                time.sleep(0.05)
+                continue
+            kind, state = message
+            if kind == "stop":
+                return
+            trial = kt.engine.trial.Trial.from_state(state)
+            _run_together(roles, view, view.run_trial, trial, fit_args, fit_kwargs)
     except Exception as error:
         if not _lost_a_rank(error):
             raise
