@@ -52,6 +52,24 @@ def test_a_model_with_the_wrapper_saves_and_loads(tmp_path):
                                model.predict(np.ones((2, 4)), verbose=0))
 
 
+def test_optimizer_state_from_other_variables_is_refused_and_nothing_is_assigned():
+    model = _model()
+    opt = kdist.DistributedOptimizer(keras.optimizers.Adam(0.01))
+    model.compile(optimizer=opt, loss="mse")
+    model.fit(np.ones((8, 4)), np.ones((8, 1)), epochs=1, verbose=0)
+    state = [np.array(v) for v in opt.variables]
+    with pytest.raises(ValueError, match="saved from an optimizer built for other variables"):
+        opt.set_weights(state[:-1])
+    wrong = [np.zeros((v.shape[0] + 1,) + tuple(v.shape[1:]), "float32") if v.shape else v
+             for v in state]
+    with pytest.raises(ValueError, match="has shape .* but the value given has shape"):
+        opt.set_weights(wrong)
+    # All or nothing: the refused states left every variable as it was.
+    assert all(np.array_equal(v, s) for v, s in zip(opt.variables, state))
+    opt.set_weights([s + 1 if s.dtype.kind == "f" else s for s in state])
+    assert np.array_equal(opt.variables[-1], state[-1] + 1)
+
+
 def test_precision_enable_sets_the_policy_and_scales_the_loss():
     try:
         assert kdist.precision.enable("mixed_float16").name == "mixed_float16"

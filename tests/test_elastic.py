@@ -109,6 +109,13 @@ def test_state_commit_and_restore_cover_model_optimizer_and_values():
     assert state.epoch == 2
     state.sync()  # a world of one: nothing to take from anyone
     assert state.epoch == 2
+    # A model that changed its structure since the commit is refused whole.
+    model.add(keras.layers.Dense(1))
+    model.build((None, 3))
+    before = [w.copy() for w in model.get_weights()]
+    with pytest.raises(ValueError, match="changed its structure since the last commit"):
+        state.restore()
+    assert all(np.array_equal(a, b) for a, b in zip(model.get_weights(), before))
     with pytest.raises(ValueError, match="may not be named"):
         kdist.elastic.ObjectState(commit=1)
     with pytest.raises(TypeError, match="callable"):

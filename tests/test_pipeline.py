@@ -151,3 +151,27 @@ def test_stages_split_over_two_ranks_each_train_like_one_process(mpirun, tmp_pat
         # The file holds the whole model, gathered from the slices.
         assert report["weight_error"] < 1e-5
         assert report["prediction_error"] < 1e-5
+
+
+def test_a_weights_file_of_another_model_is_refused_and_its_own_loads(tmp_path):
+    from kdist.pipeline import load_whole_model_weights
+    from kdist.pipeline import model as pipeline_model
+    from kdist.pipeline.stages import weighted_layers
+
+    def build(width):
+        return keras.Sequential([keras.Input((3,)), keras.layers.Dense(width),
+                                 keras.layers.Dense(1)])
+
+    saved = build(4)
+    path = str(tmp_path / "pipe.weights.h5")
+    pipeline_model._write_layers(
+        path, {i: (layer.name, [w.numpy() for w in layer.weights])
+               for i, layer in enumerate(weighted_layers(saved))}, overwrite=False)
+    other = build(5)
+    before = [w.copy() for w in other.get_weights()]
+    with pytest.raises(ValueError, match=r"Layer 0 .* has shape \(3, 5\) .* another model"):
+        load_whole_model_weights(other, path)
+    assert all(np.array_equal(a, b) for a, b in zip(other.get_weights(), before))
+    same = build(4)
+    load_whole_model_weights(same, path)
+    assert all(np.array_equal(a, b) for a, b in zip(same.get_weights(), saved.get_weights()))

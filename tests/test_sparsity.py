@@ -396,6 +396,10 @@ def test_quantize_array_is_symmetric_per_channel():
     assert codes.dtype == np.int8 and codes[:, 0].tolist() == [3, -2, 1]
     assert codes[:, 1].tolist() == [-3, 2, 0]
     assert sparsity.quantize_array(values, bits=12)[0].dtype == np.int16
+    assert sparsity.quantize_array(values, bits=np.int64(8))[0].dtype == np.int8
+    for bits, error in ((17, "from 2 to 16"), (1, "at least 2"), (4.5, "whole number")):
+        with pytest.raises(ValueError, match=error):
+            sparsity.quantize_array(values, bits=bits)
 
 
 def test_fake_quantization_passes_the_gradient_straight_through():

@@ -210,6 +210,13 @@ def test_bad_settings_are_refused():
         kdist.tune.BOHBOracle(min_points=1)
     with pytest.raises(ValueError, match="seed"):
         kdist.tune.BOHBOracle(seed=-1)
+    with pytest.raises(ValueError, match="factor needs to be an int larger than 1; got 2.5"):
+        kdist.tune.BOHBOracle(factor=2.5)
+    # Whole numbers from a config array are whole numbers.
+    oracle = kdist.tune.BOHBOracle(max_epochs=np.int64(9), factor=np.int64(3), budget=27.0,
+                                   min_points=np.int32(4))
+    assert (oracle.max_epochs, oracle.factor, oracle.budget, oracle.min_points) == (9, 3, 27, 4)
+    assert all(type(v) is int for v in (oracle.max_epochs, oracle.factor, oracle.budget))
 
 
 def test_the_bohb_tuner_trains_promoted_trials_on_from_their_parents(tmp_path):

@@ -11,6 +11,7 @@ import numpy as np
 
 from kdist import _keras_private
 from kdist._files import write_atomically
+from kdist._variables import path_of
 from kdist._version import __version__
 from kdist.callbacks import _sync
 from kdist.callbacks._sync import model_state
@@ -23,15 +24,11 @@ logger = logging.getLogger(__name__)
 _NAME = re.compile(r"^epoch-(\d{6})\.npz$")
 
 
-def _variable_path(v):
-    return getattr(v, "path", None) or getattr(v, "name", "?")
-
-
 def save_state(path, variables, epoch):
     """Writes `variables` and the epoch to `path` atomically (all or nothing)."""
     arrays = {f"v{i:05d}": np.asarray(keras.ops.convert_to_numpy(v))
               for i, v in enumerate(variables)}
-    meta = {"epoch": int(epoch), "paths": [_variable_path(v) for v in variables],
+    meta = {"epoch": int(epoch), "paths": [(path_of(v) or "?") for v in variables],
             "kdist": __version__}
     write_npz_atomically(path, arrays, meta)
 
@@ -59,7 +56,7 @@ def load_state(path, variables):
     with np.load(path) as data:
         meta = json.loads(bytes(data["meta"]).decode())
         saved = _positions(meta["paths"])
-        here = _positions([_variable_path(v) for v in variables])
+        here = _positions([(path_of(v) or "?") for v in variables])
         pairs, missing, unexpected = [], [], []
         for name, positions in here.items():
             indices = saved.get(name, [])

@@ -4,6 +4,8 @@ import logging
 
 import numpy as np
 
+from kdist._variables import assign_all
+
 logger = logging.getLogger(__name__)
 
 
@@ -266,12 +268,8 @@ class TensorFlowKerasState(KerasState):
 
 
 def _assign(variables, values, what):
-    variables = list(variables)
-    if len(variables) != len(values):
-        raise RuntimeError(f"The {what} has {len(variables)} variables but {len(values)} were "
-                           "committed: it changed its structure since the last commit.")
-    for variable, value in zip(variables, values):
-        variable.assign(value)
+    assign_all(variables, values, f"The {what}",
+               ": it changed its structure since the last commit")
 
 
 def _forget_compiled_functions(model, optimizers):

@@ -21,13 +21,14 @@ import numpy as np
 from keras import ops
 
 from kdist import _args, _keras_private
+from kdist._variables import assign_all, path_of as _path
 from kdist.callbacks import agreement
 from kdist.comm import collectives
 from kdist.distribute import consistency
 from kdist.comm.processes import Average, Sum
 from kdist.optimizers import reduction as reduction_lib
 from kdist.optimizers.aggregation import LocalGradientAggregator
-from kdist.optimizers.reduction import is_variable as _is_variable, variable_path as _path
+from kdist.optimizers.reduction import is_variable as _is_variable
 
 logger = logging.getLogger(__name__)
 
@@ -566,19 +567,10 @@ def _same_context(context):
 
 
 def _assign(variables, values, owner):
-    """Assigns `values` to `variables` in order, after checking count and shapes."""
-    if len(values) != len(variables):
-        raise ValueError(
-            f"The optimizer state given to {owner!r} has {len(values)} values but the "
-            f"optimizer has {len(variables)} variables: it was saved from an optimizer "
-            "built for other variables. Load it into the model it was saved with.")
-    for variable, value in zip(variables, values):
-        if tuple(value.shape) != tuple(variable.shape):
-            raise ValueError(
-                f"The optimizer state given to {owner!r} has shape {tuple(value.shape)} "
-                f"for variable '{variable.path}' of shape {tuple(variable.shape)}.")
-    for variable, value in zip(variables, values):
-        variable.assign(value)
+    """Assigns a saved optimizer state to `owner`'s variables, in order."""
+    assign_all(variables, values, f"The optimizer {owner!r}",
+               ": the state was saved from an optimizer built for other variables; load it "
+               "into the model it was saved with")
 
 
 def _strategy_reduces():

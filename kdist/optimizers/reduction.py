@@ -13,6 +13,7 @@ settings and the bucket plans; the optimizer and the tape each own one.
 import keras
 
 from kdist import Adasum, _args
+from kdist._variables import path_of
 from kdist.comm import collectives
 from kdist.comm import compression as compression_lib
 from kdist.comm import processes
@@ -96,7 +97,7 @@ class GradientReduction:
 
     def is_local(self, variable, keys=None):
         ids, paths = keys if keys is not None else self.local_keys()
-        return variable is not None and (id(variable) in ids or variable_path(variable) in paths)
+        return variable is not None and (id(variable) in ids or path_of(variable) in paths)
 
     def __call__(self, grads, variables=None):
         """Returns `grads` reduced over the ranks; None entries stay None.
@@ -151,7 +152,7 @@ class GradientReduction:
             ids = {id(m) for m in group if not isinstance(m, str)}
             paths = {m for m in group if isinstance(m, str)}
             members = [i for i, v in enumerate(variables)
-                       if id(v) in ids or variable_path(v) in paths]
+                       if id(v) in ids or path_of(v) in paths]
             if members:
                 positions.append(tuple(members))
         return tuple(positions)
@@ -198,7 +199,7 @@ def check_groups(groups, num_groups):
             if not (isinstance(member, str) or is_variable(member)):
                 raise TypeError("Each group lists variables (or variable paths); got "
                                 f"{type(member).__name__}.")
-            key = member if isinstance(member, str) else variable_path(member)
+            key = member if isinstance(member, str) else path_of(member)
             if key in seen:
                 raise ValueError(f"Variable '{key}' is in more than one group; each gradient "
                                  "travels in one collective only.")
@@ -214,10 +215,6 @@ def is_variable(value):
     return isinstance(value, (keras.Variable, tf.Variable))
 
 
-def variable_path(variable):
-    return getattr(variable, "path", None) or getattr(variable, "name", None)
-
-
 def local_paths(sources):
     """The variable paths of local sources (variables, layers or paths)."""
     paths = set()
@@ -225,9 +222,9 @@ def local_paths(sources):
         if isinstance(source, str):
             paths.add(source)
         elif isinstance(source, keras.layers.Layer):
-            paths.update(variable_path(w) for w in source.trainable_weights)
+            paths.update(path_of(w) for w in source.trainable_weights)
         else:
-            paths.add(variable_path(source))
+            paths.add(path_of(source))
     return paths
 
 

@@ -21,6 +21,7 @@ import tensorflow as tf
 from kdist._args import whole_number
 from kdist import _keras_private
 from kdist._files import write_atomically
+from kdist._variables import assign_all
 from kdist.comm import processes
 from kdist.comm.stage_link import StageLink
 from kdist.pipeline import schedule as schedule_lib
@@ -93,7 +94,8 @@ class PipelineModel(keras.Model):
         per_replica = self.num_stages * self.tensor_parallel
         if replicas is None:
             replicas = max(1, world.size // per_replica)
-        if int(replicas) != replicas or replicas < 1 or replicas * per_replica != world.size:
+        replicas = whole_number(replicas, "replicas", minimum=1)
+        if replicas * per_replica != world.size:
             raise ValueError(
                 f"{world.size} ranks cannot hold {replicas} replica(s) of {self.num_stages} "
                 f"stage(s) of {self.tensor_parallel} rank(s); start "
@@ -538,14 +540,8 @@ def _read_layers(path, indices):
 
 def _assign(layer, stored, index):
     name, values = stored
-    if len(values) != len(layer.weights) or any(
-            tuple(v.shape) != tuple(w.shape) for v, w in zip(values, layer.weights)):
-        raise ValueError(
-            f"Layer {index} ({layer.name}) has weights shaped "
-            f"{[tuple(w.shape) for w in layer.weights]}; the file holds "
-            f"{[tuple(v.shape) for v in values]} for its layer {index} ({name}).")
-    for variable, value in zip(layer.weights, values):
-        variable.assign(value)
+    assign_all(layer.weights, values, f"Layer {index} ({layer.name})",
+               f" (the file's layer {index} is {name}: it was saved from another model)")
 
 
 def load_whole_model_weights(model, filepath):

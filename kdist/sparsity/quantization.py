@@ -20,6 +20,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from kdist._args import whole_number
 from kdist._files import write_atomically
 from kdist.sparsity import bridge, fixed
 from kdist.sparsity.pruning import PruneLowMagnitude
@@ -35,9 +36,10 @@ def _activation_name(layer):
 
 
 def _check_bits(bits):
-    if int(bits) != bits or not 2 <= bits <= 16:
-        raise ValueError(f"bits must be an integer from 2 to 16; got {bits}.")
-    return int(bits)
+    bits = whole_number(bits, "bits", minimum=2)
+    if bits > 16:
+        raise ValueError(f"bits must be a whole number from 2 to 16; got {bits}.")
+    return bits
 
 
 def quantize_array(values, bits, per_channel=True, power_of_two=False):
