@@ -3,7 +3,7 @@
     python benchmarks/hpo.py [--seeds 10] [--problems branin,hartmann6,ackley10]
                              [--methods kdist_bayesian,kdist_genetic,kt_random,
                               kt_bayesian,optuna_tpe]
-                             [--trials-scale 1.0] [--all]
+                             [--trials-scale 1.0] [--all] [--batches 1,4,8]
 
 Each method minimises each function with its budget (Branin and Hartmann-6: 30
 trials; 10-D Ackley: 200), once per seed. Regret is the best value found minus
@@ -11,6 +11,12 @@ the known minimum; the JSON gives every run's regret, the median over seeds
 and the median seconds per run. The keras-tuner oracles (kdist's and
 keras-tuner's own) run inside a `keras_tuner.Tuner` whose trials evaluate the
 function; Optuna runs its TPE sampler. Every method sees the same box.
+
+`--batches` runs every method once per batch size b: b proposals are asked
+for at once (as b groups of a distributed search ask one oracle, each with
+its own tuner id), then all b are evaluated and reported, until the budget
+is spent. b = 1 is a sequential search. The batched numbers are under
+`by_batch`; the top-level numbers are those of the first batch size.
 
 Gaussian-process methods at 200 trials take minutes per run, and the 10-D
 Ackley target concerns the genetic oracle, so they skip Ackley unless `--all`.
@@ -87,33 +93,52 @@ def make_oracle(method, space, trials, seed):
     raise ValueError(f"unknown method {method!r}; choose from {METHODS}")
 
 
-def run_keras_tuner(method, function, bounds, trials, seed):
+def run_keras_tuner(method, function, bounds, trials, seed, batch=1):
+    """Drives the oracle as `batch` tuners sharing it would: `batch` trials
+    asked for (each by its own tuner id), then all evaluated and ended."""
     import keras_tuner as kt
 
-    class FunctionTuner(kt.Tuner):
-        def run_trial(self, trial, **kwargs):
-            values = trial.hyperparameters.values
-            return {"value": function([values[f"x{i}"] for i in range(len(bounds))])}
+    from kdist.tune import compat
 
     space = kt.HyperParameters()
     for i, (low, high) in enumerate(bounds):
         space.Float(f"x{i}", low, high)
     oracle = make_oracle(method, space, trials, seed)
     with tempfile.TemporaryDirectory() as directory, contextlib.redirect_stdout(io.StringIO()):
-        tuner = FunctionTuner(oracle=oracle, directory=directory, project_name="run",
-                              overwrite=True)
-        tuner.search()
-    return min(t.score for t in oracle.trials.values() if t.score is not None)
+        compat.set_project_dir(oracle, directory, "run")
+        while True:
+            running = []
+            for tuner in range(batch):
+                trial = oracle.create_trial(f"tuner{tuner}")
+                if trial.status != "RUNNING":
+                    break
+                running.append(trial)
+            if not running:
+                break
+            for trial in running:
+                values = trial.hyperparameters.values
+                value = function([values[f"x{i}"] for i in range(len(bounds))])
+                oracle.update_trial(trial.trial_id, {"value": value})
+                trial.status = "COMPLETED"
+                oracle.end_trial(trial)
+    scores = [t.score for t in oracle.trials.values() if t.score is not None]
+    if len(scores) != trials:
+        raise RuntimeError(f"{method} ran {len(scores)} trials, not {trials}")
+    return min(scores)
 
 
-def run_optuna(function, bounds, trials, seed):
+def run_optuna(function, bounds, trials, seed, batch=1):
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(sampler=optuna.samplers.TPESampler(seed=seed))
-    study.optimize(lambda t: function([t.suggest_float(f"x{i}", lo, hi)
-                                       for i, (lo, hi) in enumerate(bounds)]),
-                   n_trials=trials)
+    asked = 0
+    while asked < trials:
+        running = [study.ask() for _ in range(min(batch, trials - asked))]
+        asked += len(running)
+        for trial in running:
+            study.tell(trial, function([trial.suggest_float(f"x{i}", lo, hi)
+                                        for i, (lo, hi) in enumerate(bounds)]))
     return study.best_value
 
 
@@ -126,7 +151,15 @@ def main():
                         help="multiply every budget (a quick smoke run)")
     parser.add_argument("--all", action="store_true",
                         help="also run the Gaussian-process methods on 10-D Ackley")
+    parser.add_argument("--batches", default="1",
+                        help="comma-separated numbers of proposals asked for at once")
     args = parser.parse_args()
+    try:
+        batches = [int(b) for b in args.batches.split(",")]
+    except ValueError:
+        parser.error(f"--batches takes whole numbers; got {args.batches!r}")
+    if any(b < 1 for b in batches):
+        parser.error(f"--batches takes numbers of at least 1; got {args.batches!r}")
     methods = args.methods.split(",")
     for method in methods:
         if method not in METHODS:
@@ -137,24 +170,27 @@ def main():
             parser.error(f"unknown problem {name!r}; choose from {list(PROBLEMS)}")
         function, bounds, minimum, budget = PROBLEMS[name]
         trials = max(2, round(budget * args.trials_scale))
-        entry = {"trials": trials, "minimum": minimum, "regrets": {}, "median_regret": {},
-                 "seconds": {}}
-        for method in methods:
-            if name == "ackley10" and method in SLOW_ON_ACKLEY and not args.all:
-                continue
-            regrets, seconds = [], []
-            for seed in range(args.seeds):
-                started = time.perf_counter()
-                if method == "optuna_tpe":
-                    best = run_optuna(function, bounds, trials, seed)
-                else:
-                    best = run_keras_tuner(method, function, bounds, trials, seed)
-                seconds.append(time.perf_counter() - started)
-                regrets.append(best - minimum)
-            entry["regrets"][method] = regrets
-            entry["median_regret"][method] = statistics.median(regrets)
-            entry["seconds"][method] = statistics.median(seconds)
-        results[name] = entry
+        by_batch = {}
+        for batch in batches:
+            column = {"regrets": {}, "median_regret": {}, "seconds": {}}
+            for method in methods:
+                if name == "ackley10" and method in SLOW_ON_ACKLEY and not args.all:
+                    continue
+                regrets, seconds = [], []
+                for seed in range(args.seeds):
+                    started = time.perf_counter()
+                    if method == "optuna_tpe":
+                        best = run_optuna(function, bounds, trials, seed, batch)
+                    else:
+                        best = run_keras_tuner(method, function, bounds, trials, seed, batch)
+                    seconds.append(time.perf_counter() - started)
+                    regrets.append(best - minimum)
+                column["regrets"][method] = regrets
+                column["median_regret"][method] = statistics.median(regrets)
+                column["seconds"][method] = statistics.median(seconds)
+            by_batch[str(batch)] = column
+        results[name] = {"trials": trials, "minimum": minimum, **by_batch[str(batches[0])],
+                         "by_batch": by_batch}
 
     def median(problem, method):
         return results.get(problem, {}).get("median_regret", {}).get(method)

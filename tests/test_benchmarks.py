@@ -295,7 +295,7 @@ def test_hpo_benchmark_reports_median_regrets():
     done = subprocess.run(
         [sys.executable, os.path.join(ROOT, "benchmarks", "hpo.py"), "--seeds", "2",
          "--trials-scale", "0.2", "--methods", "kdist_bayesian,kdist_genetic,kt_random,"
-         "optuna_tpe", "--problems", "branin,ackley10"],
+         "optuna_tpe", "--problems", "branin,ackley10", "--batches", "1,3"],
         capture_output=True, text=True, timeout=400, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
     assert done.returncode == 0, done.stderr[-3000:]
     result = _json_from(done.stdout)
@@ -304,6 +304,11 @@ def test_hpo_benchmark_reports_median_regrets():
     for method, regrets in branin["regrets"].items():
         assert len(regrets) == 2 and all(r >= -1e-6 and np.isfinite(r) for r in regrets)
         assert branin["median_regret"][method] == pytest.approx(float(np.median(regrets)))
+    # Three proposals at a time spend the same budget (the script checks every run's
+    # trial count); the top level is the first batch size's column.
+    assert set(branin["by_batch"]) == {"1", "3"}
+    assert branin["by_batch"]["1"]["regrets"] == branin["regrets"]
+    assert set(branin["by_batch"]["3"]["regrets"]) == set(branin["regrets"])
     assert "kdist_bayesian" not in result["problems"]["ackley10"]["regrets"]  # skipped: slow
     assert result["targets"]["kdist_bayesian_hartmann6_le_0.10"] is None
     assert isinstance(result["targets"]["kdist_genetic_ackley10_le_half_random"], bool)
