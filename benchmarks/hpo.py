@@ -134,11 +134,16 @@ def run_optuna(function, bounds, trials, seed, batch=1):
     study = optuna.create_study(sampler=optuna.samplers.TPESampler(seed=seed))
     asked = 0
     while asked < trials:
-        running = [study.ask() for _ in range(min(batch, trials - asked))]
+        # TPE samples when a value is suggested: all of a batch's values are
+        # drawn before any of its results is told.
+        running = []
+        for _ in range(min(batch, trials - asked)):
+            trial = study.ask()
+            running.append((trial, [trial.suggest_float(f"x{i}", lo, hi)
+                                    for i, (lo, hi) in enumerate(bounds)]))
         asked += len(running)
-        for trial in running:
-            study.tell(trial, function([trial.suggest_float(f"x{i}", lo, hi)
-                                        for i, (lo, hi) in enumerate(bounds)]))
+        for trial, point in running:
+            study.tell(trial, function(point))
     return study.best_value
 
 

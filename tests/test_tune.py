@@ -423,6 +423,31 @@ def test_bayesian_concurrent_proposals_differ_from_pending_trials(tmp_path):
     assert first.hyperparameters.values != second.hyperparameters.values
 
 
+def test_trials_running_count_towards_the_bayesian_initial_design(tmp_path, monkeypatch):
+    oracle = ORACLES["bayesian"](seed=0)
+    oracle._set_project_dir(str(tmp_path), "design")
+    proposed = []
+    propose = oracle._propose
+    monkeypatch.setattr(oracle, "_propose",
+                        lambda *a, **k: proposed.append(1) or propose(*a, **k))
+
+    def batch(size):
+        trials = [oracle.create_trial(f"group{i}") for i in range(size)]
+        for trial in trials:
+            oracle.update_trial(trial.trial_id, {"loss": _loss(trial.hyperparameters.values)})
+            trial.status = "COMPLETED"
+            oracle.end_trial(trial)
+
+    design = oracle.initial_points(Encoding(oracle.hyperparameters, one_hot=True).dimensions)
+    batch(design - 2)  # nothing finished yet: the design's points, all of them
+    assert proposed == []
+    # Two more design points, and the model proposes the rest of the batch while they
+    # run: eight groups asking at once get no more design points than one group would.
+    batch(8)
+    assert len(proposed) == 6
+    assert len(oracle.trials) == design + 6
+
+
 def test_expected_improvement():
     ei = kdist.tune.expected_improvement
     assert ei(np.array([0.0]), np.array([1.0]), 0.0)[0] == pytest.approx(0.398942, abs=1e-6)

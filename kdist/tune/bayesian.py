@@ -165,7 +165,11 @@ class BayesianOracle(storage.WholeSaves, kt.Oracle):
             return trial_response(random_values(self))
         rng = np.random.default_rng([self.seed, trial_number(trial_id)])
         finished, scores, pending = self._data(encoding, trial_id)
-        if len(finished) < max(2, self.initial_points(encoding.dimensions)):
+        # Trials still running count towards the initial design: groups asking
+        # at once would otherwise each draw design points until the first
+        # results arrive, and leave the model fewer trials than it is meant to have.
+        if len(finished) < 2 or (len(finished) + len(pending)
+                                 < self.initial_points(encoding.dimensions)):
             return trial_response(self._unique(encoding, self._sobol(encoding, trial_id), rng))
         return trial_response(self._unique(encoding,
                                           self._propose(encoding, finished, scores, pending,
