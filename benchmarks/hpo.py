@@ -16,7 +16,8 @@ function; Optuna runs its TPE sampler. Every method sees the same box.
 for at once (as b groups of a distributed search ask one oracle, each with
 its own tuner id), then all b are evaluated and reported, until the budget
 is spent. b = 1 is a sequential search. The batched numbers are under
-`by_batch`; the top-level numbers are those of the first batch size.
+`by_batch`; the top-level numbers are those of the first batch size. The
+targets judge the sequential column (null when `--batches` leaves out 1).
 
 Gaussian-process methods at 200 trials take minutes per run, and the 10-D
 Ackley target concerns the genetic oracle, so they skip Ackley unless `--all`.
@@ -198,7 +199,9 @@ def main():
                          "by_batch": by_batch}
 
     def median(problem, method):
-        return results.get(problem, {}).get("median_regret", {}).get(method)
+        # The targets are a sequential search's: one proposal at a time.
+        sequential = results.get(problem, {}).get("by_batch", {}).get("1", {})
+        return sequential.get("median_regret", {}).get(method)
 
     def target(value, bound):
         return None if value is None or bound is None else bool(value <= bound)

@@ -8,19 +8,37 @@ def path_of(variable):
     return getattr(variable, "path", None) or getattr(variable, "name", None)
 
 
-def assign_all(variables, values, what, why=""):
-    """Assigns `values` to `variables` in order, all of them or, on a count or
-    shape that differs, none: the `ValueError` then names `what` (the owner of
-    the variables) and ends with `why` (what the difference means there)."""
+def _fits(variable, shape):
+    """Whether a value of `shape` fits `variable`, whose shape may leave
+    dimensions (`None`) or its whole rank (a TensorFlow `TensorShape(None)`) open."""
+    expected = variable.shape
+    if getattr(expected, "rank", 0) is None:
+        return True
+    expected = tuple(expected)
+    return len(expected) == len(shape) and all(
+        want is None or want == got for want, got in zip(expected, shape))
+
+
+def check_all(variables, values, what, why=""):
+    """Raises a `ValueError` naming `what` (the owner of the variables) and
+    ending with `why` (what the difference means there) if `values` do not
+    fit `variables` one for one: their count, or a shape."""
     variables = list(variables)
     if len(values) != len(variables):
-        raise ValueError(f"{what} has {len(variables)} variables but {len(values)} values "
-                         f"were given{why}.")
+        raise ValueError(f"{what} has {len(variables)} variable(s) but {len(values)} "
+                         f"value(s) were given{why}.")
     for variable, value in zip(variables, values):
-        shape = tuple(getattr(value, "shape", None) or np.shape(value))
-        if shape != tuple(variable.shape):
+        shape = tuple(np.shape(value))
+        if not _fits(variable, shape):
             raise ValueError(f"{what}: variable '{path_of(variable)}' has shape "
                              f"{tuple(variable.shape)} but the value given has shape "
                              f"{shape}{why}.")
+
+
+def assign_all(variables, values, what, why=""):
+    """Assigns `values` to `variables` in order: all of them, or, when
+    `check_all` finds a difference, none."""
+    variables = list(variables)
+    check_all(variables, values, what, why)
     for variable, value in zip(variables, values):
         variable.assign(value)

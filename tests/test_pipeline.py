@@ -86,6 +86,8 @@ def test_a_pipeline_needs_one_rank_per_stage_and_built_stages():
     kdist.init()
     with pytest.raises(ValueError, match="start 2 ranks"):
         PipelineModel(split(_sequential(), [1]))
+    with pytest.raises(ValueError, match="replicas must be a whole number; got 0.5"):
+        PipelineModel(split(_sequential(), [1]), replicas=0.5)
     with pytest.raises(ValueError, match="micro_batches"):
         PipelineModel([_sequential()], micro_batches=0)
     with pytest.raises(ValueError, match="not built"):
@@ -158,20 +160,21 @@ def test_a_weights_file_of_another_model_is_refused_and_its_own_loads(tmp_path):
     from kdist.pipeline import model as pipeline_model
     from kdist.pipeline.stages import weighted_layers
 
-    def build(width):
-        return keras.Sequential([keras.Input((3,)), keras.layers.Dense(width),
-                                 keras.layers.Dense(1)])
+    def build(outputs):
+        return keras.Sequential([keras.Input((3,)), keras.layers.Dense(4),
+                                 keras.layers.Dense(outputs)])
 
-    saved = build(4)
+    saved = build(1)
     path = str(tmp_path / "pipe.weights.h5")
     pipeline_model._write_layers(
         path, {i: (layer.name, [w.numpy() for w in layer.weights])
                for i, layer in enumerate(weighted_layers(saved))}, overwrite=False)
-    other = build(5)
+    # Its first layer would fit; its second does not, and no layer changes.
+    other = build(2)
     before = [w.copy() for w in other.get_weights()]
-    with pytest.raises(ValueError, match=r"Layer 0 .* has shape \(3, 5\) .* another model"):
+    with pytest.raises(ValueError, match=r"Layer 1 .* has shape \(4, 2\) .* another model"):
         load_whole_model_weights(other, path)
     assert all(np.array_equal(a, b) for a, b in zip(other.get_weights(), before))
-    same = build(4)
+    same = build(1)
     load_whole_model_weights(same, path)
     assert all(np.array_equal(a, b) for a, b in zip(same.get_weights(), saved.get_weights()))

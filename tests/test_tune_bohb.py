@@ -216,7 +216,10 @@ def test_bad_settings_are_refused():
     oracle = kdist.tune.BOHBOracle(max_epochs=np.int64(9), factor=np.int64(3), budget=27.0,
                                    min_points=np.int32(4))
     assert (oracle.max_epochs, oracle.factor, oracle.budget, oracle.min_points) == (9, 3, 27, 4)
-    assert all(type(v) is int for v in (oracle.max_epochs, oracle.factor, oracle.budget))
+    assert all(type(v) is int for v in (oracle.max_epochs, oracle.factor, oracle.budget,
+                                        oracle.min_points))
+    with pytest.raises(TypeError, match="max_epochs must be a whole number"):
+        kdist.tune.BOHBOracle(max_epochs=True)
 
 
 def test_the_bohb_tuner_trains_promoted_trials_on_from_their_parents(tmp_path):

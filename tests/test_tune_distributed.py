@@ -3,6 +3,7 @@
 import json
 import os
 
+import numpy as np
 import pytest
 
 pytestmark = pytest.mark.mpi
@@ -155,3 +156,8 @@ def test_a_rank_count_that_does_not_divide_into_groups_is_refused():
     with pytest.raises(ValueError, match=r"N = 1 \+ groups x 2 fold team\(s\) x 1 worker\(s\)"
                        r".*use N = 3, 5"):
         Roles(SimpleNamespace(size=4, rank=0), folds_per_group=2)
+    with pytest.raises(ValueError, match="workers_per_fold must be a whole number"):
+        Roles(SimpleNamespace(size=4, rank=0), workers_per_fold=1.5)
+    # A numpy integer is a whole number: the layout check is reached.
+    with pytest.raises(ValueError, match=r"N = 1 \+ groups x 2 fold team\(s\)"):
+        Roles(SimpleNamespace(size=4, rank=0), folds_per_group=np.int64(2))

@@ -92,7 +92,8 @@ def test_a_part_is_played_by_a_view_and_the_tuner_keeps_its_class(tmp_path, mixi
     before, oracle = dict(vars(tuner)), tuner.oracle
     environment = {name: value for name, value in os.environ.items()
                    if name.startswith("KERASTUNER_")}
-    part = distributed._Part(None, "group0", scratch=str(tmp_path))
+    scratch = tmp_path / "scratch"
+    part = distributed._Part(None, "group0", scratch=str(scratch))
     part.client = object()
     view = distributed._playing(tuner, mixin, part)
     assert isinstance(view, mixin) and isinstance(view, _Own) and type(tuner) is _Own
@@ -112,7 +113,7 @@ def test_a_part_is_played_by_a_view_and_the_tuner_keeps_its_class(tmp_path, mixi
         assert os.path.exists(compat.tuner_file(view))
         assert not os.path.exists(compat.oracle_file(tuner.oracle))
     else:
-        assert compat.checkpoint_path(view, "7").startswith(str(tmp_path))
+        assert compat.checkpoint_path(view, "7") == str(scratch / "trial_7.weights.h5")
     assert vars(tuner) == before and tuner.oracle is oracle and tuner.tuner_id == "tuner0"
     assert {name: value for name, value in os.environ.items()
             if name.startswith("KERASTUNER_")} == environment
@@ -130,3 +131,28 @@ def test_a_distributed_search_leaves_nothing_on_the_tuner_even_when_it_fails(mpi
         assert report["same_oracle"] and report["hypermodel_fit"] is False, report
         assert report["environment"] == {}, report
     assert job.rank(1)["failed"] == "FatalError: the search stops here"
+
+
+def test_the_oracle_client_is_keras_tuners_own_built_without_the_environment(monkeypatch):
+    from keras_tuner.src.distribute import oracle_client
+
+    oracle = kt.oracles.RandomSearchOracle(kt.Objective("loss", "min"), max_trials=1)
+    # keras-tuner's constructor, from its environment (gRPC channels connect lazily).
+    monkeypatch.setenv("KERASTUNER_ORACLE_IP", "127.0.0.1")
+    monkeypatch.setenv("KERASTUNER_ORACLE_PORT", "1")
+    monkeypatch.setenv("KERASTUNER_TUNER_ID", "group0")
+    theirs = oracle_client.OracleClient(oracle)
+    for name in ("KERASTUNER_ORACLE_IP", "KERASTUNER_ORACLE_PORT", "KERASTUNER_TUNER_ID"):
+        monkeypatch.delenv(name)
+    ours = compat.oracle_client(oracle, ("127.0.0.1", 1), "group0")
+    assert type(ours) is type(theirs) and set(vars(ours)) == set(vars(theirs))
+    assert ours.tuner_id == theirs.tuner_id == "group0" and ours.objective == oracle.objective
+    assert (ours.multi_worker, ours.should_report) == (theirs.multi_worker, theirs.should_report)
+
+
+def test_a_search_with_keras_tuners_own_variables_set_is_refused(monkeypatch):
+    from types import SimpleNamespace
+
+    monkeypatch.setenv("KERASTUNER_TUNER_ID", "chief")
+    with pytest.raises(ValueError, match="KERASTUNER_TUNER_ID set: .* unset them"):
+        distributed.search(None, comm=SimpleNamespace(size=3, rank=0))

@@ -4,7 +4,7 @@ import logging
 
 import numpy as np
 
-from kdist._variables import assign_all
+from kdist._variables import assign_all, check_all
 
 logger = logging.getLogger(__name__)
 
@@ -152,9 +152,14 @@ class KerasState(ObjectState):
         super().save()
 
     def restore(self):
-        _assign(self.model.variables, self._saved_model, "model")
         optimizer_variables = self._optimizer_variables()
-        if len(optimizer_variables) == len(self._saved_optimizer):
+        restores_optimizer = len(optimizer_variables) == len(self._saved_optimizer)
+        # Both checked before either is assigned: a refused commit changes nothing.
+        _check(self.model.variables, self._saved_model, "model")
+        if restores_optimizer:
+            _check(optimizer_variables, self._saved_optimizer, "optimizer")
+        _assign(self.model.variables, self._saved_model, "model")
+        if restores_optimizer:
             _assign(optimizer_variables, self._saved_optimizer, "optimizer")
         else:
             # Built after the last commit (its first step): its fresh values stand,
@@ -267,9 +272,15 @@ class TensorFlowKerasState(KerasState):
         super().__init__(model, optimizer, **values)
 
 
+_CHANGED = ": it changed its structure since the last commit"
+
+
+def _check(variables, values, what):
+    check_all(variables, values, f"The {what}", _CHANGED)
+
+
 def _assign(variables, values, what):
-    assign_all(variables, values, f"The {what}",
-               ": it changed its structure since the last commit")
+    assign_all(variables, values, f"The {what}", _CHANGED)
 
 
 def _forget_compiled_functions(model, optimizers):

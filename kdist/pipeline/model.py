@@ -21,7 +21,7 @@ import tensorflow as tf
 from kdist._args import whole_number
 from kdist import _keras_private
 from kdist._files import write_atomically
-from kdist._variables import assign_all
+from kdist._variables import assign_all, check_all
 from kdist.comm import processes
 from kdist.comm.stage_link import StageLink
 from kdist.pipeline import schedule as schedule_lib
@@ -476,11 +476,12 @@ class PipelineModel(keras.Model):
         layers = weighted_layers(self.stage)
         stored = _read_layers(str(filepath), range(self._first_layer,
                                                    self._first_layer + len(layers)))
+        plain = [(layer, stored[self._first_layer + index], self._first_layer + index)
+                 for index, layer in enumerate(layers) if not hasattr(layer, "load_from_full")]
+        _assign_layers(plain)
         for index, layer in enumerate(layers):
             if hasattr(layer, "load_from_full"):
                 layer.load_from_full(stored[self._first_layer + index][1])
-            else:
-                _assign(layer, stored[self._first_layer + index], self._first_layer + index)
 
     def save(self, *args, **kwargs):
         raise NotImplementedError(
@@ -538,10 +539,17 @@ def _read_layers(path, indices):
         return result
 
 
-def _assign(layer, stored, index):
-    name, values = stored
-    assign_all(layer.weights, values, f"Layer {index} ({layer.name})",
-               f" (the file's layer {index} is {name}: it was saved from another model)")
+def _assign_layers(layers):
+    """Assigns each `(layer, (stored name, values), index)`, once every layer's
+    values were found to fit: a file of another model changes no layer."""
+    def described(layer, stored, index):
+        return (layer.weights, stored[1], f"Layer {index} ({layer.name})",
+                f" (the file's layer {index} is {stored[0]}: it was saved from another model)")
+
+    for each in layers:
+        check_all(*described(*each))
+    for each in layers:
+        assign_all(*described(*each))
 
 
 def load_whole_model_weights(model, filepath):
@@ -552,5 +560,4 @@ def load_whole_model_weights(model, filepath):
     """
     layers = weighted_layers(model)
     stored = _read_layers(str(filepath), range(len(layers)))
-    for index, layer in enumerate(layers):
-        _assign(layer, stored[index], index)
+    _assign_layers([(layer, stored[index], index) for index, layer in enumerate(layers)])

@@ -145,7 +145,8 @@ class BayesianOracle(storage.WholeSaves, kt.Oracle):
                          max_consecutive_failed_trials=max_consecutive_failed_trials)
         keep_seed(self, seed)
         if num_initial_points is not None:
-            whole_number(num_initial_points, "num_initial_points", minimum=1)
+            num_initial_points = whole_number(num_initial_points, "num_initial_points",
+                                              minimum=1)
         if xi < 0:
             raise ValueError(f"xi must be >= 0; got {xi}.")
         whole_number(candidates, "candidates", minimum=1)

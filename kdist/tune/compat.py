@@ -1,11 +1,11 @@
 """Every use kdist makes of keras-tuner's private API, and the versions it is tested with.
 
 kdist's oracles and tuners build on keras-tuner's public classes and hooks
-(`populate_space`, `run_trial`, `save_model`, `get_state`, the
-`KERASTUNER_*` environment variables of distributed tuning). A few things
+(`populate_space`, `run_trial`, `save_model`, `get_state`). A few things
 have no public form: an oracle's random and duplicate-free values, its
-retry queue and file names, a tuner's checkpoint path and model building,
-and the gRPC oracle service and client. They are reached here and nowhere
+retry queue and file names, a tuner's checkpoint path, model building and
+worker role (`_is_worker`), and the gRPC oracle service and client (built
+here without its constructor, which reads `KERASTUNER_*` variables). They are reached here and nowhere
 else, each through one small function or mixin whose docstring names the
 internals it relies on. Those internals may change in any release, so the
 packaging pins keras-tuner to `TESTED_KERAS_TUNER`, importing `kdist.tune`

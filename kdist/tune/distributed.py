@@ -41,10 +41,10 @@ inside a group and to rank 0)::
     rank 0, once every group is done or given up on:
        FINISHED (MPI) --> every rank, which then reloads the finished search
 
-The leader's and followers' parts come from subclasses of the tuner's own
-class (`run_trial` wrapped, the oracle client put in front of the oracle,
-followers' checkpoints kept apart), which the tuner takes on for the search
-only; so does the environment keras-tuner's workers read.
+The leader's and followers' parts are played by views of the tuner: objects
+of subclasses of the tuner's own class (`run_trial` wrapped, the oracle client
+put in front of the oracle, followers' checkpoints kept apart) that share the
+tuner's attributes. The tuner's class and the environment stay as they were.
 """
 
 import contextlib
@@ -174,6 +174,12 @@ def search(tuner, *fit_args, folds_per_group=1, workers_per_fold=1, comm=None,
         if trial_timeout is not None:
             logger.warning("trial_timeout has no effect in a search on one process")
         return tuner.search(*fit_args, **fit_kwargs)
+    ours = sorted(name for name in os.environ if name.startswith("KERASTUNER_"))
+    if ours:
+        raise ValueError(f"{', '.join(ours)} set: that is keras-tuner's own distributed "
+                         "tuning, in which the tuner's oracle is a client of another "
+                         "process's. kdist's search runs the oracle service on rank 0 itself; "
+                         "unset them.")
     if folds_per_group > 1 and not getattr(tuner, "trains_folds", False):
         raise ValueError("folds_per_group > 1 needs a kdist.tune.KFoldTuner.")
     roles = Roles(comm, folds_per_group, workers_per_fold)
@@ -487,9 +493,9 @@ def _playing(tuner, mixin, part):
 def _lead(tuner, roles, address, lost_after, fit_args, fit_kwargs):
     tuner_id = f"group{roles.group}"
     oracle = tuner.oracle
-    part = _Part(roles, tuner_id, lost_after)
-    part.client = _PatientClient(oracle, roles.comm, address, tuner_id)
     try:
+        part = _Part(roles, tuner_id, lost_after)
+        part.client = _PatientClient(oracle, roles.comm, address, tuner_id)
         _playing(tuner, _Leading, part).search(*fit_args, **fit_kwargs)
     except _GroupBroken as error:
         # The oracle hears of it by this group's end while it holds a trial.
