@@ -35,10 +35,13 @@ def check_all(variables, values, what, why=""):
                              f"{shape}{why}.")
 
 
-def assign_all(variables, values, what, why=""):
-    """Assigns `values` to `variables` in order: all of them, or, when
-    `check_all` finds a difference, none."""
-    variables = list(variables)
-    check_all(variables, values, what, why)
-    for variable, value in zip(variables, values):
-        variable.assign(value)
+def assign_all(*groups):
+    """Assigns each group `(variables, values, what[, why])`, values to
+    variables in order: every group, or, when `check_all` finds a difference
+    in any of them, none."""
+    groups = [(list(group[0]),) + tuple(group[1:]) for group in groups]
+    for group in groups:
+        check_all(*group)
+    for variables, values, *_ in groups:
+        for variable, value in zip(variables, values):
+            variable.assign(value)

@@ -75,10 +75,10 @@ def test_variables_with_open_shapes_take_values_of_any_fitting_shape():
 
     open_rows = tf.Variable(np.zeros((2, 3)), shape=tf.TensorShape([None, 3]))
     open_rank = tf.Variable(np.zeros(2), shape=tf.TensorShape(None))
-    assign_all([open_rows, open_rank], [np.ones((5, 3)), np.ones((2, 2))], "The state")
+    assign_all(([open_rows, open_rank], [np.ones((5, 3)), np.ones((2, 2))], "The state"))
     assert open_rows.numpy().shape == (5, 3) and open_rank.numpy().shape == (2, 2)
     with pytest.raises(ValueError, match=r"has shape \(None, 3\) but .* \(5, 4\)"):
-        assign_all([open_rows, open_rank], [np.ones((5, 4)), 1.0], "The state")
+        assign_all(([open_rows, open_rank], [np.ones((5, 4)), 1.0], "The state"))
     assert open_rows.numpy().shape == (5, 3) and float(open_rank.numpy()[0, 0]) == 1.0
 
 

@@ -4,7 +4,7 @@ import logging
 
 import numpy as np
 
-from kdist._variables import assign_all, check_all
+from kdist._variables import assign_all
 
 logger = logging.getLogger(__name__)
 
@@ -154,14 +154,13 @@ class KerasState(ObjectState):
     def restore(self):
         optimizer_variables = self._optimizer_variables()
         restores_optimizer = len(optimizer_variables) == len(self._saved_optimizer)
-        # Both checked before either is assigned: a refused commit changes nothing.
-        _check(self.model.variables, self._saved_model, "model")
+        # One call: a refused commit changes neither.
+        groups = [(self.model.variables, self._saved_model, "The model", _CHANGED)]
         if restores_optimizer:
-            _check(optimizer_variables, self._saved_optimizer, "optimizer")
-        _assign(self.model.variables, self._saved_model, "model")
-        if restores_optimizer:
-            _assign(optimizer_variables, self._saved_optimizer, "optimizer")
-        else:
+            groups.append((optimizer_variables, self._saved_optimizer, "The optimizer",
+                           _CHANGED))
+        assign_all(*groups)
+        if not restores_optimizer:
             # Built after the last commit (its first step): its fresh values stand,
             # and sync() makes them rank 0's.
             logger.debug("optimizer variables appeared since the last commit; not restored")
@@ -275,12 +274,8 @@ class TensorFlowKerasState(KerasState):
 _CHANGED = ": it changed its structure since the last commit"
 
 
-def _check(variables, values, what):
-    check_all(variables, values, f"The {what}", _CHANGED)
-
-
 def _assign(variables, values, what):
-    assign_all(variables, values, f"The {what}", _CHANGED)
+    assign_all((variables, values, f"The {what}", _CHANGED))
 
 
 def _forget_compiled_functions(model, optimizers):

@@ -568,9 +568,9 @@ def _same_context(context):
 
 def _assign(variables, values, owner):
     """Assigns a saved optimizer state to `owner`'s variables, in order."""
-    assign_all(variables, values, f"The optimizer {owner!r}",
-               ": the state was saved from an optimizer built for other variables; load it "
-               "into the model it was saved with")
+    assign_all((variables, values, f"The optimizer {owner!r}",
+                ": the state was saved from an optimizer built for other variables; load it "
+                "into the model it was saved with"))
 
 
 def _strategy_reduces():

@@ -21,7 +21,7 @@ import tensorflow as tf
 from kdist._args import whole_number
 from kdist import _keras_private
 from kdist._files import write_atomically
-from kdist._variables import assign_all, check_all
+from kdist._variables import assign_all
 from kdist.comm import processes
 from kdist.comm.stage_link import StageLink
 from kdist.pipeline import schedule as schedule_lib
@@ -546,10 +546,7 @@ def _assign_layers(layers):
         return (layer.weights, stored[1], f"Layer {index} ({layer.name})",
                 f" (the file's layer {index} is {stored[0]}: it was saved from another model)")
 
-    for each in layers:
-        check_all(*described(*each))
-    for each in layers:
-        assign_all(*described(*each))
+    assign_all(*(described(*each) for each in layers))
 
 
 def load_whole_model_weights(model, filepath):

@@ -5,12 +5,13 @@ kdist's oracles and tuners build on keras-tuner's public classes and hooks
 have no public form: an oracle's random and duplicate-free values, its
 retry queue and file names, a tuner's checkpoint path, model building and
 worker role (`_is_worker`), and the gRPC oracle service and client (built
-here without its constructor, which reads `KERASTUNER_*` variables). They are reached here and nowhere
-else, each through one small function or mixin whose docstring names the
-internals it relies on. Those internals may change in any release, so the
-packaging pins keras-tuner to `TESTED_KERAS_TUNER`, importing `kdist.tune`
-with another version warns, and `tests/test_tune_private.py` fails if
-another kdist module reaches past keras-tuner's public API.
+here without its constructor, which reads `KERASTUNER_*` variables).
+They are reached here and nowhere else, each through one small function or
+mixin whose docstring names the internals it relies on. Those internals may
+change in any release, so the packaging pins keras-tuner to
+`TESTED_KERAS_TUNER`, importing `kdist.tune` with another version warns, and
+`tests/test_tune_private.py` fails if another kdist module reaches past
+keras-tuner's public API.
 """
 
 import numbers
