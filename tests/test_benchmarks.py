@@ -295,7 +295,7 @@ def test_hpo_benchmark_reports_median_regrets():
     done = subprocess.run(
         [sys.executable, os.path.join(ROOT, "benchmarks", "hpo.py"), "--seeds", "2",
          "--trials-scale", "0.2", "--methods", "kdist_bayesian,kdist_genetic,kt_random,"
-         "optuna_tpe", "--problems", "branin,ackley10", "--batches", "1,3"],
+         "optuna_tpe,optuna_tpe_no_liar", "--problems", "branin,ackley10", "--batches", "1,3"],
         capture_output=True, text=True, timeout=400, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
     assert done.returncode == 0, done.stderr[-3000:]
     result = _json_from(done.stdout)
