@@ -241,9 +241,9 @@ class BayesianOracle(storage.WholeSaves, kt.Oracle):
             # Kriging believer: each running trial is taken to score what the
             # fitted process predicts, and a believed score better than the
             # incumbent becomes the incumbent, so that next to a running trial
-            # there is nothing left to gain. Refitting the kernel to the believed
-            # scores and keeping the real incumbent, as before, sent four
-            # concurrent proposals to within 0.01 of each other in the cube.
+            # there is nothing left to gain. With the kernel refitted to the
+            # believed scores and the real incumbent kept, four concurrent
+            # proposals land within 0.01 of each other in the cube.
             believed = model.predict(pending)
             model = believing(model, np.vstack([finished, pending]),
                               np.concatenate([scores, believed]))
