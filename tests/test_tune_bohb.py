@@ -11,6 +11,7 @@ import pytest
 
 import kdist.tune
 from kdist.tune import bohb
+from kdist.tune.space import Encoding
 
 
 def _space():
@@ -291,3 +292,35 @@ def test_a_bad_factor_is_refused_in_keras_tuners_words():
     for factor in (1, 2.5):
         with pytest.raises(ValueError, match="factor needs to be an int larger than 1"):
             kdist.tune.BOHBOracle(objective="loss", factor=factor)
+
+
+def test_only_running_trials_at_the_asked_budget_set_the_score_to_beat(tmp_path, monkeypatch):
+    # A running 1-epoch trial is believed to score like the 1-epoch results around it,
+    # which a full training would not reach; only running trials at the budget the
+    # model is asked about (max_epochs) may lower the score a proposal must beat.
+    from kdist.tune import bayesian
+
+    oracle = _oracle(tmp_path, seed=0)
+    encoding = Encoding(oracle.hyperparameters, one_hot=True)
+    rng = np.random.default_rng(0)
+    points = rng.uniform(size=(8, 2))
+    full, partial = np.ones((8, 1)), np.zeros((8, 1))
+    finished = np.vstack([np.hstack([points, full]), np.hstack([points, partial])])
+    # Losses at full budget between 1 and 2; at one epoch far lower (another scale).
+    losses = np.concatenate([1.0 + points.sum(axis=1) / 2, -5.0 - points.sum(axis=1)])
+    pending = np.array([[0.5, 0.5, 1.0], [0.1, 0.1, 0.0]])
+    seen = {}
+    fit = bayesian.fit_process
+    monkeypatch.setattr(bayesian, "fit_process", lambda inputs, targets, rng: seen.setdefault(
+        "model", fit(inputs, targets, rng)))
+    improvement = bayesian.expected_improvement
+    monkeypatch.setattr(bayesian, "expected_improvement", lambda mean, std, best, xi=0.0: (
+        seen.setdefault("best", best), improvement(mean, std, best, xi))[1])
+    oracle._propose(encoding, finished, losses, pending, rng, context=[1.0],
+                    incumbent=finished[:, -1] == 1.0)
+    scores = bayesian.standardised(losses)
+    scores = scores - scores.max()
+    believed = seen["model"].predict(pending)
+    assert believed[1] < believed[0]  # the 1-epoch belief is the lowest
+    assert seen["best"] == pytest.approx(min(scores[:8].min(), believed[0]))
+    assert seen["best"] > believed[1]
