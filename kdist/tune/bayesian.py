@@ -106,12 +106,14 @@ def believing(model, inputs, targets):
     """A process with `model`'s starting kernel (not its fitted one), fitted to
     `inputs` and `targets` with those hyper-parameters kept.
 
-    Proposals made while trials run come from it. A kernel fitted to a few
-    dozen points gives inputs that seem not to matter long length scales, and
-    has a noise term: a running trial then hides little beyond its own
-    point, and the proposals made beside it crowd around it. The starting
-    kernel (length scale 0.5 on every input of the cube, little noise) makes
-    each running trial cover its neighbourhood in every input alike.
+    Proposals made while trials run come from it. Fitted to a few dozen
+    points, a kernel has short length scales on the inputs that matter and a
+    noise term: a running trial then hides little beyond its own point, and
+    proposals made beside it crowd around it. The starting kernel (length
+    scale 0.5 on every input of the cube, little noise) lets each running
+    trial cover its neighbourhood in every input alike. The price: while
+    trials run, proposals do not use the length scales learnt from the
+    results (docs/performance.md, "Proposals asked for at once").
     """
     from sklearn.base import clone
 
@@ -133,9 +135,10 @@ class BayesianOracle(storage.WholeSaves, kt.Oracle):
     integers are rounded), unordered choices are one-hot; scores are
     standardised. Trials still running are added to the data at the
     process's predicted mean ("kriging believer"; the best believed score
-    counts as the one to improve on, and the kernel's starting length scales
-    are used, see `believing`), so concurrent requests spread out instead of
-    crowding one point, and a proposal never repeats a trial.
+    counts as the one to improve on, and the kernel's starting
+    hyper-parameters are used, see `believing`), so concurrent requests
+    spread out instead of crowding one point, and a proposal never repeats a
+    trial.
 
     `objective`, `max_trials`, `hyperparameters`, `allow_new_entries`,
     `tune_new_entries`, `max_retries_per_trial` and
@@ -242,8 +245,11 @@ class BayesianOracle(storage.WholeSaves, kt.Oracle):
             # fitted process predicts, and a believed score better than the
             # incumbent becomes the incumbent, so that next to a running trial
             # there is nothing left to gain. With the kernel refitted to the
-            # believed scores and the real incumbent kept, four concurrent
-            # proposals land within 0.01 of each other in the cube.
+            # believed scores and the real incumbent kept instead, four
+            # concurrent proposals on Branin have their closest pair a median
+            # 0.0003 apart in the cube (tests/test_tune.py measures the
+            # spread). Only running trials at the asked `context` (BOHB: at
+            # the full budget) set the incumbent.
             believed = model.predict(pending)
             model = believing(model, np.vstack([finished, pending]),
                               np.concatenate([scores, believed]))
