@@ -4,6 +4,7 @@
                              [--methods kdist_bayesian,kdist_genetic,kt_random,
                               kt_bayesian,optuna_tpe,optuna_tpe_no_liar]
                              [--trials-scale 1.0] [--all] [--batches 1,4,8]
+                             [--pattern rounds|steady]
 
 Each method minimises each function with its budget (Branin and Hartmann-6: 30
 trials; 10-D Ackley: 200), once per seed. Regret is the best value found minus
@@ -19,6 +20,10 @@ its own tuner id), then all b are evaluated and reported, until the budget
 is spent. b = 1 is a sequential search. The batched numbers are under
 `by_batch`; the top-level numbers are those of the first batch size. The
 targets judge the sequential column (null when `--batches` leaves out 1).
+`--pattern steady` keeps b trials running instead: the oldest one ends, and
+its group asks for the next at once, as groups of a distributed search whose
+trials take alike long do; every proposal after the first b is then made
+while b - 1 others run.
 
 Gaussian-process methods at 200 trials take minutes per run, and the 10-D
 Ackley target concerns the genetic oracle, so they skip Ackley unless `--all`.
@@ -27,6 +32,7 @@ genetic on Ackley <= half of keras-tuner random's median regret.
 """
 
 import argparse
+import collections
 import contextlib
 import io
 import json
@@ -96,9 +102,10 @@ def make_oracle(method, space, trials, seed):
     raise ValueError(f"unknown method {method!r}; choose from {METHODS}")
 
 
-def run_keras_tuner(method, function, bounds, trials, seed, batch=1):
+def run_keras_tuner(method, function, bounds, trials, seed, batch=1, steady=False):
     """Drives the oracle as `batch` tuners sharing it would: `batch` trials
-    asked for (each by its own tuner id), then all evaluated and ended."""
+    asked for (each by its own tuner id), then all evaluated and ended; with
+    `steady`, the oldest running trial ends and its tuner asks again."""
     import keras_tuner as kt
 
     from kdist.tune import compat
@@ -109,29 +116,51 @@ def run_keras_tuner(method, function, bounds, trials, seed, batch=1):
     oracle = make_oracle(method, space, trials, seed)
     with tempfile.TemporaryDirectory() as directory, contextlib.redirect_stdout(io.StringIO()):
         compat.set_project_dir(oracle, directory, "run")
-        while True:
-            running = []
+
+        def finish(trial):
+            values = trial.hyperparameters.values
+            value = function([values[f"x{i}"] for i in range(len(bounds))])
+            oracle.update_trial(trial.trial_id, {"value": value})
+            trial.status = "COMPLETED"
+            oracle.end_trial(trial)
+
+        def ask(tuner):
+            trial = oracle.create_trial(f"tuner{tuner}")
+            return trial if trial.status == "RUNNING" else None
+
+        if steady:
+            running = collections.deque()
             for tuner in range(batch):
-                trial = oracle.create_trial(f"tuner{tuner}")
-                if trial.status != "RUNNING":
+                trial = ask(tuner)
+                if trial is not None:
+                    running.append((tuner, trial))
+            while running:
+                tuner, trial = running.popleft()
+                finish(trial)
+                trial = ask(tuner)
+                if trial is not None:
+                    running.append((tuner, trial))
+        else:
+            while True:
+                running = []
+                for tuner in range(batch):
+                    trial = ask(tuner)
+                    if trial is None:
+                        break
+                    running.append(trial)
+                if not running:
                     break
-                running.append(trial)
-            if not running:
-                break
-            for trial in running:
-                values = trial.hyperparameters.values
-                value = function([values[f"x{i}"] for i in range(len(bounds))])
-                oracle.update_trial(trial.trial_id, {"value": value})
-                trial.status = "COMPLETED"
-                oracle.end_trial(trial)
+                for trial in running:
+                    finish(trial)
     scores = [t.score for t in oracle.trials.values() if t.score is not None]
     if len(scores) != trials:
         raise RuntimeError(f"{method} ran {len(scores)} trials, not {trials}")
     return min(scores)
 
 
-def run_optuna(function, bounds, trials, seed, batch=1, liar=True):
-    """TPE asked for `batch` points at once. `liar` is Optuna's own answer to
+def run_optuna(function, bounds, trials, seed, batch=1, liar=True, steady=False):
+    """TPE asked for `batch` points at once (with `steady`, `batch` kept
+    running, the oldest told first). `liar` is Optuna's own answer to
     running trials (`constant_liar`: they are taken to have scored the worst
     value seen), on by default since Optuna 5."""
     import optuna
@@ -139,15 +168,24 @@ def run_optuna(function, bounds, trials, seed, batch=1, liar=True):
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     sampler = optuna.samplers.TPESampler(seed=seed, constant_liar=liar)
     study = optuna.create_study(sampler=sampler)
+
+    def ask():
+        # TPE samples when a value is suggested: a point is drawn whole
+        # before anything else is asked or told.
+        trial = study.ask()
+        return trial, [trial.suggest_float(f"x{i}", lo, hi) for i, (lo, hi) in enumerate(bounds)]
+
     asked = 0
+    if steady:
+        running = collections.deque()
+        while asked < trials or running:
+            while asked < trials and len(running) < batch:
+                running.append(ask())
+                asked += 1
+            trial, point = running.popleft()
+            study.tell(trial, function(point))
     while asked < trials:
-        # TPE samples when a value is suggested: all of a batch's values are
-        # drawn before any of its results is told.
-        running = []
-        for _ in range(min(batch, trials - asked)):
-            trial = study.ask()
-            running.append((trial, [trial.suggest_float(f"x{i}", lo, hi)
-                                    for i, (lo, hi) in enumerate(bounds)]))
+        running = [ask() for _ in range(min(batch, trials - asked))]
         asked += len(running)
         for trial, point in running:
             study.tell(trial, function(point))
@@ -165,6 +203,8 @@ def main():
                         help="also run the Gaussian-process methods on 10-D Ackley")
     parser.add_argument("--batches", default="1",
                         help="comma-separated numbers of proposals asked for at once")
+    parser.add_argument("--pattern", choices=["rounds", "steady"], default="rounds",
+                        help="rounds: b asked, then b told; steady: b kept running")
     args = parser.parse_args()
     try:
         batches = [int(b) for b in args.batches.split(",")]
@@ -172,6 +212,7 @@ def main():
         parser.error(f"--batches takes whole numbers; got {args.batches!r}")
     if any(b < 1 for b in batches):
         parser.error(f"--batches takes numbers of at least 1; got {args.batches!r}")
+    steady = args.pattern == "steady"
     methods = args.methods.split(",")
     for method in methods:
         if method not in METHODS:
@@ -193,9 +234,10 @@ def main():
                     started = time.perf_counter()
                     if method.startswith("optuna_tpe"):
                         best = run_optuna(function, bounds, trials, seed, batch,
-                                          liar=method == "optuna_tpe")
+                                          liar=method == "optuna_tpe", steady=steady)
                     else:
-                        best = run_keras_tuner(method, function, bounds, trials, seed, batch)
+                        best = run_keras_tuner(method, function, bounds, trials, seed, batch,
+                                               steady)
                     seconds.append(time.perf_counter() - started)
                     regrets.append(best - minimum)
                 column["regrets"][method] = regrets
@@ -221,7 +263,8 @@ def main():
             median("ackley10", "kdist_genetic"),
             None if random_ackley is None else random_ackley / 2),
     }
-    print(json.dumps({"benchmark": "hpo", "seeds": args.seeds, "problems": results,
+    print(json.dumps({"benchmark": "hpo", "seeds": args.seeds, "pattern": args.pattern,
+                      "problems": results,
                       "targets": targets}, indent=1))
 
 

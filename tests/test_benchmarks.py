@@ -289,6 +289,43 @@ def test_hpo_test_functions_take_their_known_minima():
     assert hpo.ackley([1.0] * 10) > 3
 
 
+@pytest.mark.parametrize("steady,running_at_each_ask", [
+    (False, [0, 1, 2, 0, 1, 2, 0]),  # rounds: three asked, then three told
+    (True, [0, 1, 2, 2, 2, 2, 2]),   # steady: the oldest told, then one asked
+])
+def test_hpo_benchmark_asks_in_rounds_or_keeps_the_batch_running(steady, running_at_each_ask,
+                                                                  monkeypatch):
+    pytest.importorskip("keras_tuner")
+    pytest.importorskip("optuna")
+    hpo = _load_benchmark("hpo")
+    seen = []
+    make_oracle = hpo.make_oracle
+
+    def counting(*args):
+        oracle = make_oracle(*args)
+        create = oracle.create_trial
+
+        def create_trial(tuner_id):
+            seen.append(sum(t.status == "RUNNING" for t in oracle.trials.values()))
+            return create(tuner_id)
+
+        oracle.create_trial = create_trial
+        return oracle
+
+    monkeypatch.setattr(hpo, "make_oracle", counting)
+    hpo.run_keras_tuner("kt_random", hpo.branin, [(-5.0, 10.0), (0.0, 15.0)], 7, 0, 3, steady)
+    assert seen[:7] == running_at_each_ask
+
+    import optuna
+
+    asked = []
+    ask = optuna.Study.ask
+    monkeypatch.setattr(optuna.Study, "ask", lambda study, *a, **k: asked.append(sum(
+        t.state == optuna.trial.TrialState.RUNNING for t in study.trials)) or ask(study, *a, **k))
+    hpo.run_optuna(hpo.branin, [(-5.0, 10.0), (0.0, 15.0)], 7, 0, 3, steady=steady)
+    assert asked == running_at_each_ask
+
+
 def test_hpo_benchmark_reports_median_regrets():
     pytest.importorskip("keras_tuner")
     pytest.importorskip("optuna")
