@@ -298,32 +298,42 @@ def test_hpo_benchmark_asks_in_rounds_or_keeps_the_batch_running(steady, running
     pytest.importorskip("keras_tuner")
     pytest.importorskip("optuna")
     hpo = _load_benchmark("hpo")
-    seen = []
+    seen, created, ended = [], [], []
     make_oracle = hpo.make_oracle
 
     def counting(*args):
         oracle = make_oracle(*args)
-        create = oracle.create_trial
+        create, end = oracle.create_trial, oracle.end_trial
 
         def create_trial(tuner_id):
             seen.append(sum(t.status == "RUNNING" for t in oracle.trials.values()))
-            return create(tuner_id)
+            trial = create(tuner_id)
+            created.append(trial.trial_id)
+            return trial
 
-        oracle.create_trial = create_trial
+        def end_trial(trial):
+            ended.append(trial.trial_id)
+            return end(trial)
+
+        oracle.create_trial, oracle.end_trial = create_trial, end_trial
         return oracle
 
     monkeypatch.setattr(hpo, "make_oracle", counting)
     hpo.run_keras_tuner("kt_random", hpo.branin, [(-5.0, 10.0), (0.0, 15.0)], 7, 0, 3, steady)
     assert seen[:7] == running_at_each_ask
+    assert ended == created[:7]  # the oldest running trial always ends first
 
     import optuna
 
-    asked = []
-    ask = optuna.Study.ask
+    asked, told = [], []
+    ask, tell = optuna.Study.ask, optuna.Study.tell
     monkeypatch.setattr(optuna.Study, "ask", lambda study, *a, **k: asked.append(sum(
         t.state == optuna.trial.TrialState.RUNNING for t in study.trials)) or ask(study, *a, **k))
+    monkeypatch.setattr(optuna.Study, "tell", lambda study, trial, *a, **k: told.append(
+        trial.number) or tell(study, trial, *a, **k))
     hpo.run_optuna(hpo.branin, [(-5.0, 10.0), (0.0, 15.0)], 7, 0, 3, steady=steady)
     assert asked == running_at_each_ask
+    assert told == list(range(7))
 
 
 def test_hpo_benchmark_reports_median_regrets():

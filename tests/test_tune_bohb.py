@@ -303,12 +303,14 @@ def test_only_running_trials_at_the_asked_budget_set_the_score_to_beat(tmp_path,
     oracle = _oracle(tmp_path, seed=0)
     encoding = Encoding(oracle.hyperparameters, one_hot=True)
     rng = np.random.default_rng(0)
-    points = rng.uniform(size=(8, 2))
-    full, partial = np.ones((8, 1)), np.zeros((8, 1))
-    finished = np.vstack([np.hstack([points, full]), np.hstack([points, partial])])
-    # Losses at full budget between 1 and 2; at one epoch far lower (another scale).
-    losses = np.concatenate([1.0 + points.sum(axis=1) / 2, -5.0 - points.sum(axis=1)])
-    pending = np.array([[0.5, 0.5, 1.0], [0.1, 0.1, 0.0]])
+    # Full-budget results on a grid around a bowl whose bottom, (0.5, 0.5), no result has
+    # reached; 1-epoch results at the same points, on a far lower scale.
+    grid = np.array([(x, y) for x in (0.1, 0.3, 0.7, 0.9) for y in (0.1, 0.3, 0.7, 0.9)])
+    bowl = 1.0 + np.sum((grid - 0.5) ** 2, axis=1)
+    finished = np.vstack([np.hstack([grid, np.ones((16, 1))]),
+                          np.hstack([grid, np.zeros((16, 1))])])
+    losses = np.concatenate([bowl, bowl - 10.0])
+    pending = np.array([[0.5, 0.5, 1.0], [0.5, 0.5, 0.0]])
     seen = {}
     fit = bayesian.fit_process
     monkeypatch.setattr(bayesian, "fit_process", lambda inputs, targets, rng: seen.setdefault(
@@ -321,6 +323,7 @@ def test_only_running_trials_at_the_asked_budget_set_the_score_to_beat(tmp_path,
     scores = bayesian.standardised(losses)
     scores = scores - scores.max()
     believed = seen["model"].predict(pending)
-    assert believed[1] < believed[0]  # the 1-epoch belief is the lowest
-    assert seen["best"] == pytest.approx(min(scores[:8].min(), believed[0]))
-    assert seen["best"] > believed[1]
+    # The running full-budget trial is believed better than every full-budget result,
+    # and the 1-epoch one better still.
+    assert believed[1] < believed[0] < scores[:16].min()
+    assert seen["best"] == pytest.approx(believed[0])
