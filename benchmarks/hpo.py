@@ -22,7 +22,7 @@ is spent. b = 1 is a sequential search. The batched numbers are under
 targets judge the sequential column (null when `--batches` leaves out 1).
 `--pattern steady` keeps b trials running instead: the oldest one ends, and
 its group asks for the next at once, as groups of a distributed search whose
-trials take alike long do; every proposal after the first b is then made
+trials take equally long do; every proposal after the first b is then made
 while b - 1 others run.
 
 Gaussian-process methods at 200 trials take minutes per run, and the 10-D
