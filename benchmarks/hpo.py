@@ -124,34 +124,21 @@ def run_keras_tuner(method, function, bounds, trials, seed, batch=1, steady=Fals
             trial.status = "COMPLETED"
             oracle.end_trial(trial)
 
-        def ask(tuner):
-            trial = oracle.create_trial(f"tuner{tuner}")
-            return trial if trial.status == "RUNNING" else None
-
-        if steady:
-            running = collections.deque()
-            for tuner in range(batch):
-                trial = ask(tuner)
-                if trial is not None:
-                    running.append((tuner, trial))
-            while running:
+        # Groups whose last trial has ended ask again; in rounds all of a round's
+        # trials end before anyone asks, in the steady pattern only the oldest.
+        free, running = collections.deque(range(batch)), collections.deque()
+        while True:
+            while free:
+                trial = oracle.create_trial(f"tuner{free[0]}")
+                if trial.status != "RUNNING":
+                    break
+                running.append((free.popleft(), trial))
+            if not running:
+                break
+            for _ in range(1 if steady else len(running)):
                 tuner, trial = running.popleft()
                 finish(trial)
-                trial = ask(tuner)
-                if trial is not None:
-                    running.append((tuner, trial))
-        else:
-            while True:
-                running = []
-                for tuner in range(batch):
-                    trial = ask(tuner)
-                    if trial is None:
-                        break
-                    running.append(trial)
-                if not running:
-                    break
-                for trial in running:
-                    finish(trial)
+                free.append(tuner)
     scores = [t.score for t in oracle.trials.values() if t.score is not None]
     if len(scores) != trials:
         raise RuntimeError(f"{method} ran {len(scores)} trials, not {trials}")
@@ -175,19 +162,13 @@ def run_optuna(function, bounds, trials, seed, batch=1, liar=True, steady=False)
         trial = study.ask()
         return trial, [trial.suggest_float(f"x{i}", lo, hi) for i, (lo, hi) in enumerate(bounds)]
 
-    asked = 0
-    if steady:
-        running = collections.deque()
-        while asked < trials or running:
-            while asked < trials and len(running) < batch:
-                running.append(ask())
-                asked += 1
+    asked, running = 0, collections.deque()
+    while asked < trials or running:
+        while asked < trials and len(running) < batch:
+            running.append(ask())
+            asked += 1
+        for _ in range(1 if steady else len(running)):
             trial, point = running.popleft()
-            study.tell(trial, function(point))
-    while asked < trials:
-        running = [ask() for _ in range(min(batch, trials - asked))]
-        asked += len(running)
-        for trial, point in running:
             study.tell(trial, function(point))
     return study.best_value
 
@@ -264,8 +245,7 @@ def main():
             None if random_ackley is None else random_ackley / 2),
     }
     print(json.dumps({"benchmark": "hpo", "seeds": args.seeds, "pattern": args.pattern,
-                      "problems": results,
-                      "targets": targets}, indent=1))
+                      "problems": results, "targets": targets}, indent=1))
 
 
 if __name__ == "__main__":
