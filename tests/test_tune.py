@@ -429,11 +429,41 @@ def _branin(values):
             + 10 * (1 - 1 / (8 * np.pi)) * np.cos(x) + 10)
 
 
+def test_fantasies_of_running_trials_average_back_to_expected_improvement():
+    # Scores depend on the first input only. Averaged over the running trial's draws,
+    # expected improvement is the process's own as long as no draw may become the score
+    # to beat (the draws only redistribute the posterior); once they may, nothing is
+    # left to gain at the running trial's point, and no point gains.
+    from kdist.tune import bayesian
+
+    rng = np.random.default_rng(0)
+    finished = rng.uniform(size=(16, 2))
+    scores = bayesian.standardised((finished[:, 0] - 0.3) ** 2)
+    scores = scores - scores.max()
+    model = bayesian.fit_process(finished, scores, rng)
+    pending = np.array([[0.3, 0.1]])
+    points = np.array([[0.3, 0.1], [0.3, 0.9], [0.32, 0.5], [0.4, 0.5]])
+    mean, std = model.predict(points, return_std=True)
+    plain = bayesian.expected_improvement(mean, std, scores.min())
+    assert np.all(plain > 1e-5), plain
+
+    def averaged(asked):
+        return bayesian.fantasised_improvement(model, finished, scores, pending,
+                                               np.array([asked]), scores.min(), 0.0, 256,
+                                               rng)(points)
+
+    np.testing.assert_allclose(averaged(False), plain, rtol=0.02)
+    lowered = averaged(True)
+    assert lowered[0] < 0.01 * plain[0]
+    assert np.all(lowered <= plain * 1.001) and np.all(lowered[1:] > 0.0)
+
+
 def test_concurrent_bayesian_proposals_spread_out(tmp_path):
-    # Four groups ask at once after three rounds of four. The closest pair of the four
-    # is a median 0.046 apart in the cube over these seeds (two of the six still have a
-    # pair within 0.001). A believer with the kernel refitted to believed scores and the
-    # real incumbent kept puts it at 0.0003: near-copies of one point.
+    # Four groups ask at once after three rounds of four. With fantasies the closest
+    # pair of the four is 0.02 to 0.10 apart in the cube over these seeds. A kriging
+    # believer with the kernel's starting hyper-parameters left two of the six seeds
+    # with a pair within 0.001; with the kernel refitted to believed scores and the real
+    # incumbent kept, the median was 0.0003: near-copies of one point.
     closest = []
     for seed in range(6):
         hp = kt.HyperParameters()
@@ -451,7 +481,7 @@ def test_concurrent_bayesian_proposals_spread_out(tmp_path):
         points = [encoding.encode(t.hyperparameters.values) for t in batch]
         closest.append(min(np.linalg.norm(points[i] - points[j])
                            for i in range(4) for j in range(i)))
-    assert np.median(closest) > 0.01, closest
+    assert min(closest) > 0.01, closest
 
 
 def test_trials_running_count_towards_the_bayesian_initial_design(tmp_path, monkeypatch):

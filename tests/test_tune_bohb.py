@@ -317,13 +317,17 @@ def test_only_running_trials_at_the_asked_budget_set_the_score_to_beat(tmp_path,
         "model", fit(inputs, targets, rng)))
     improvement = bayesian.expected_improvement
     monkeypatch.setattr(bayesian, "expected_improvement", lambda mean, std, best, xi=0.0: (
-        seen.setdefault("best", best), improvement(mean, std, best, xi))[1])
+        seen.setdefault("best", np.ravel(best)), improvement(mean, std, best, xi))[1])
     oracle._propose(encoding, finished, losses, pending, rng, context=[1.0],
                     incumbent=finished[:, -1] == 1.0)
     scores = bayesian.standardised(losses)
     scores = scores - scores.max()
-    believed = seen["model"].predict(pending)
+    believed, spread = seen["model"].predict(pending, return_std=True)
     # The running full-budget trial is believed better than every full-budget result,
     # and the 1-epoch one better still.
     assert believed[1] < believed[0] < scores[:16].min()
-    assert seen["best"] == pytest.approx(believed[0])
+    # Each fantasy's score to beat is its draw for the full-budget trial, when lower
+    # than the best result; the 1-epoch trial's draws, far lower, never are.
+    assert len(seen["best"]) == bayesian.FANTASIES
+    assert np.median(seen["best"]) == pytest.approx(believed[0], abs=spread[0])
+    assert seen["best"].min() > believed[1] + 3 * spread[1]
