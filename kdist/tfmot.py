@@ -35,6 +35,7 @@ import keras
 from kdist import sparsity as _sparsity
 from kdist.sparsity import annotation as _annotation
 from kdist.sparsity import bridge as _bridge
+from kdist.sparsity import wrapping as _wrapping
 
 __all__ = ["quantization", "sparsity"]
 
@@ -53,9 +54,12 @@ def prune_low_magnitude(to_prune, pruning_schedule=None, block_size=(1, 1),
 
     `pruning_schedule` defaults to `ConstantSparsity(0.5, begin_step=0)`, as
     in tfmot; `block_size`, `block_pooling_type` and `sparsity_m_by_n` are
-    `kdist.sparsity.prune`'s. A `pruning_policy` is refused for Keras 3
-    models rather than ignored; tf_keras models go to tfmot with every
-    argument.
+    `kdist.sparsity.prune`'s. Further keyword arguments go to the wrapper of
+    a single layer, as Keras layer arguments (`input_shape` for the first
+    layer of a Sequential model, `name`, ...); with a model or a list they
+    raise `TypeError`, where tfmot ignores them. A `pruning_policy` is
+    refused for Keras 3 models rather than ignored; tf_keras models go to
+    tfmot with every argument.
     """
     if pruning_schedule is None:
         pruning_schedule = _sparsity.ConstantSparsity(0.5, begin_step=0)
@@ -68,12 +72,22 @@ def prune_low_magnitude(to_prune, pruning_schedule=None, block_size=(1, 1),
     if pruning_policy is not None:
         raise ValueError("prune_low_magnitude: pruning_policy is not supported for Keras 3 "
                          "models (kdist does not check layers against XNNPack); leave it out.")
-    if kwargs:
-        raise TypeError(f"prune_low_magnitude got unexpected arguments {sorted(kwargs)}.")
     pattern = dict(block_size=block_size, block_pooling_type=block_pooling_type,
                    sparsity_m_by_n=sparsity_m_by_n)
+    is_layer = isinstance(to_prune, keras.layers.Layer)
+    if not (is_layer or isinstance(to_prune, (list, tuple))):
+        raise ValueError("prune_low_magnitude can prune a Sequential or functional model, a "
+                         f"layer or a list of layers; got {type(to_prune).__name__}.")
+    if kwargs and not (is_layer and not isinstance(to_prune, keras.Model)):
+        raise TypeError(f"prune_low_magnitude passes {sorted(kwargs)} to the wrapper of a "
+                        "single layer; a model or a list of layers takes none.")
     if isinstance(to_prune, (list, tuple)):
         return [_sparsity.prune(layer, pruning_schedule, **pattern) for layer in to_prune]
+    if kwargs:
+        return _wrapping.wrap_layers(
+            to_prune, lambda layer: _sparsity.PruneLowMagnitude(
+                layer, pruning_schedule, **pattern, **kwargs),
+            _sparsity.PruneLowMagnitude, (), "prune")
     return _sparsity.prune(to_prune, pruning_schedule, **pattern)
 
 

@@ -258,6 +258,26 @@ def test_a_subclassed_schedule_written_for_tfmot_drives_pruning():
         assert value == pytest.approx(0.25, abs=0.02)
 
 
+def test_layer_arguments_go_to_the_wrapper_of_a_single_layer():
+    # As in tfmot, a pruned first layer can carry the model's input shape and its own name.
+    with pytest.warns(UserWarning, match="input_shape"):  # Keras 3's own advice
+        first = prune_low_magnitude(keras.layers.Dense(4), input_shape=(10,), name="first",
+                                    pruning_schedule=tfmot.sparsity.keras.ConstantSparsity(
+                                        0.5, begin_step=0))
+    model = _compile(keras.Sequential([first, keras.layers.Dense(2)]))
+    assert model.input_shape == (None, 10) and model.layers[0].name == "first"
+    model.fit(*_data(64), epochs=1, verbose=0,
+              callbacks=[tfmot.sparsity.keras.UpdatePruningStep()])
+    plain = tfmot.sparsity.keras.strip_pruning(model)
+    assert _kernel_sparsity(plain)[plain.layers[0].kernel.path] == pytest.approx(0.5)
+    with pytest.raises(TypeError, match="single layer"):
+        prune_low_magnitude(_model(), input_shape=(10,))
+    with pytest.raises(TypeError, match="single layer"):
+        prune_low_magnitude([keras.layers.Dense(2)], name="pruned")
+    with pytest.raises(ValueError, match="can prune a Sequential or functional model"):
+        prune_low_magnitude("dense")
+
+
 def test_what_kdist_does_not_offer_is_refused_with_a_reason():
     with pytest.raises(ValueError, match="pruning_policy"):
         prune_low_magnitude(_model(), pruning_policy=object())

@@ -21,7 +21,8 @@ class QuantizeAnnotate(keras.layers.Wrapper):
         kwargs.setdefault("name", f"quantize_annotate_{layer.name}")
         kwargs.setdefault("dtype", layer.dtype_policy)
         super().__init__(layer, **kwargs)
-        self._input_shape_arg = getattr(layer, "_input_shape_arg", None)
+        self._input_shape_arg = (getattr(self, "_input_shape_arg", None)
+                                 or getattr(layer, "_input_shape_arg", None))
 
     def call(self, inputs, *args, **kwargs):
         return self.layer(inputs, *args, **kwargs)

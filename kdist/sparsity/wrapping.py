@@ -78,7 +78,9 @@ class KernelWrapper(keras.layers.Wrapper):
         kwargs.setdefault("dtype", layer.dtype_policy)
         super().__init__(layer, **kwargs)
         # A first layer given `input_shape=` still gives its Sequential model an input.
-        self._input_shape_arg = getattr(layer, "_input_shape_arg", None)
+        # Given to the wrapper itself (tfmot passes layer arguments on), it wins.
+        self._input_shape_arg = (getattr(self, "_input_shape_arg", None)
+                                 or getattr(layer, "_input_shape_arg", None))
 
     @property
     def base_layer(self):
