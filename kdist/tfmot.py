@@ -178,6 +178,33 @@ def quantize_apply(model, scheme=None, quantized_layer_name_prefix="quant_"):
     return _annotation.quantize_apply(model)
 
 
+class UpdatePruningStep(_sparsity.UpdatePruning):
+    """tfmot's `UpdatePruningStep` (see `kdist.sparsity.UpdatePruning`).
+
+    As in tfmot, a model with no pruned layer trains with it as without it;
+    kdist's own callback refuses such a model, which is more often a
+    mistake than not.
+    """
+
+    def __init__(self, log_sparsity=True):
+        super().__init__(log_sparsity)
+        self._idle = False
+
+    def on_train_begin(self, logs=None):
+        self._idle = (not _bridge.is_tf_keras(self.model)
+                      and not _sparsity.pruned_layers(self.model))
+        if not self._idle:
+            super().on_train_begin(logs)
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if not self._idle:
+            super().on_train_batch_begin(batch, logs)
+
+    def on_epoch_end(self, epoch=-1, logs=None, batch=None):
+        if not self._idle:
+            super().on_epoch_end(epoch, logs, batch)
+
+
 class PruningSummaries(_sparsity.PruningSummaries):
     """tfmot's `PruningSummaries` (see `kdist.sparsity.PruningSummaries`); for a
     tf_keras model, tfmot's own callback does the writing."""
@@ -258,7 +285,7 @@ sparsity = _namespace("sparsity", "tfmot.sparsity over kdist.sparsity.", keras=_
     PruningSchedule=_sparsity.PruningSchedule,
     ConstantSparsity=_sparsity.ConstantSparsity,
     PolynomialDecay=_sparsity.PolynomialDecay,
-    UpdatePruningStep=_sparsity.UpdatePruning,
+    UpdatePruningStep=UpdatePruningStep,
     PruningSummaries=PruningSummaries))
 
 quantization = _namespace("quantization", "tfmot.quantization over kdist.sparsity.",

@@ -278,6 +278,19 @@ def test_layer_arguments_go_to_the_wrapper_of_a_single_layer():
         prune_low_magnitude("dense")
 
 
+def test_update_pruning_step_leaves_a_model_without_pruned_layers_alone():
+    # tfmot's callback does nothing then; kdist's own one says the model was not pruned.
+    model = _compile(_model())
+    before = [w.copy() for w in model.get_weights()]
+    model.fit(*_data(64), epochs=1, verbose=0,
+              callbacks=[tfmot.sparsity.keras.UpdatePruningStep()])
+    assert any(not np.array_equal(a, b) for a, b in zip(before, model.get_weights()))
+    assert all(value == 0.0 for value in _kernel_sparsity(model).values())
+    with pytest.raises(ValueError, match="no layer wrapped"):
+        _compile(_model()).fit(*_data(64), epochs=1, verbose=0,
+                               callbacks=[kdist.sparsity.UpdatePruning()])
+
+
 def test_what_kdist_does_not_offer_is_refused_with_a_reason():
     with pytest.raises(ValueError, match="pruning_policy"):
         prune_low_magnitude(_model(), pruning_policy=object())
