@@ -32,6 +32,7 @@ import types
 
 import keras
 
+from kdist import _keras_private
 from kdist import sparsity as _sparsity
 from kdist.sparsity import annotation as _annotation
 from kdist.sparsity import bridge as _bridge
@@ -44,6 +45,35 @@ def _real(obj):
     """tensorflow-model-optimization itself when `obj` is a tf_keras object, else None."""
     items = obj if isinstance(obj, (list, tuple)) else [obj]
     return _bridge.tfmot() if any(_bridge.is_tf_keras(item) for item in items) else None
+
+
+# tfmot checks its arguments before it works, and raises ValueError for each
+# of these; kdist.sparsity accepts more (inner models, unbuilt models) or says
+# TypeError, so the checks are made here, for Keras 3 objects only.
+def _check_model(value, argument, layer_hint=""):
+    if value is None:
+        raise ValueError(f"`{argument}` cannot be None.")
+    if not isinstance(value, keras.Model):
+        raise ValueError(f"`{argument}` can only be a Keras model; got "
+                         f"{type(value).__name__}.{layer_hint}")
+    if not (isinstance(value, keras.Sequential) or _keras_private.is_functional(value)):
+        raise ValueError(f"`{argument}` can only be a Sequential or functional model; "
+                         f"{type(value).__name__} is a subclassed model. Wrap its layers "
+                         "where the model creates them.")
+
+
+def _check_flat(model, argument):
+    inner = [layer.name for layer in model.layers if isinstance(layer, keras.Model)]
+    if inner:
+        raise ValueError(f"`{argument}` holds the models {inner}: as in tfmot, quantising a "
+                         "model inside another is not supported here. kdist.sparsity.quantize "
+                         "quantises the layers of inner models too.")
+
+
+def _check_built(model, argument):
+    if not model.built:
+        raise ValueError(f"`{argument}` must be a built model: give it an Input layer or "
+                         "call model.build(input_shape) first.")
 
 
 def prune_low_magnitude(to_prune, pruning_schedule=None, block_size=(1, 1),
@@ -78,6 +108,8 @@ def prune_low_magnitude(to_prune, pruning_schedule=None, block_size=(1, 1),
     if not (is_layer or isinstance(to_prune, (list, tuple))):
         raise ValueError("prune_low_magnitude can prune a Sequential or functional model, a "
                          f"layer or a list of layers; got {type(to_prune).__name__}.")
+    if isinstance(to_prune, keras.Model):
+        _check_model(to_prune, "to_prune")
     if kwargs and not (is_layer and not isinstance(to_prune, keras.Model)):
         raise TypeError(f"prune_low_magnitude passes {sorted(kwargs)} to the wrapper of a "
                         "single layer; a model or a list of layers takes none.")
@@ -92,7 +124,13 @@ def prune_low_magnitude(to_prune, pruning_schedule=None, block_size=(1, 1),
 
 
 def strip_pruning(model):
-    """tfmot's `strip_pruning`: the model without its wrappers (`kdist.sparsity.strip`)."""
+    """tfmot's `strip_pruning`: the model without its wrappers (`kdist.sparsity.strip`).
+
+    As in tfmot it takes a model only (`kdist.sparsity.strip` also takes a
+    wrapper layer).
+    """
+    if not _bridge.is_tf_keras(model):
+        _check_model(model, "model")
     return _sparsity.strip(model)
 
 
@@ -136,10 +174,10 @@ def quantize_model(to_quantize, quantized_layer_name_prefix="quant_"):
     real = _real(to_quantize)
     if real is not None:
         return real.quantization.keras.quantize_model(to_quantize, quantized_layer_name_prefix)
-    if not isinstance(to_quantize, keras.Model):
-        raise TypeError("quantize_model() takes a Sequential or functional Keras model; "
-                        f"got {type(to_quantize).__name__}. To quantise one layer use "
-                        "quantize_annotate_layer and quantize_apply.")
+    _check_model(to_quantize, "to_quantize", " To quantise one layer use "
+                 "quantize_annotate_layer and quantize_apply.")
+    _check_flat(to_quantize, "to_quantize")
+    _check_built(to_quantize, "to_quantize")
     return _sparsity.quantize(to_quantize)
 
 
@@ -148,6 +186,10 @@ def quantize_annotate_layer(to_annotate, quantize_config=None):
     real = _real(to_annotate)
     if real is not None:
         return real.quantization.keras.quantize_annotate_layer(to_annotate, quantize_config)
+    if not isinstance(to_annotate, keras.layers.Layer) or isinstance(to_annotate, keras.Model):
+        raise ValueError("`to_annotate` can only be a Keras layer; got "
+                         f"{type(to_annotate).__name__}. Use quantize_annotate_model for a "
+                         "model.")
     return _annotation.quantize_annotate_layer(to_annotate, quantize_config)
 
 
@@ -156,6 +198,8 @@ def quantize_annotate_model(to_annotate):
     real = _real(to_annotate)
     if real is not None:
         return real.quantization.keras.quantize_annotate_model(to_annotate)
+    _check_model(to_annotate, "to_annotate", " Use quantize_annotate_layer for a layer.")
+    _check_flat(to_annotate, "to_annotate")
     return _annotation.quantize_annotate_model(to_annotate)
 
 
@@ -171,6 +215,8 @@ def quantize_apply(model, scheme=None, quantized_layer_name_prefix="quant_"):
         options = {} if scheme is None else {"scheme": scheme}
         return real.quantization.keras.quantize_apply(
             model, quantized_layer_name_prefix=quantized_layer_name_prefix, **options)
+    _check_model(model, "model")
+    _check_built(model, "model")
     if scheme is not None:
         raise ValueError("quantize_apply: kdist has one quantisation scheme (8-bit symmetric "
                          "per-channel weights that keep their zeros, moving-average output "

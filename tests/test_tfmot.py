@@ -291,6 +291,64 @@ def test_update_pruning_step_leaves_a_model_without_pruned_layers_alone():
                                callbacks=[kdist.sparsity.UpdatePruning()])
 
 
+class _Subclassed(keras.Model):
+    def __init__(self):
+        super().__init__()
+        self.dense = keras.layers.Dense(2)
+
+    def call(self, inputs):
+        return self.dense(inputs)
+
+
+def _nested():
+    return keras.Sequential([keras.Input((10,)), _model(), keras.layers.Dense(1)])
+
+
+_QUANTIZE = tfmot.quantization.keras
+_REFUSED = {  # what tfmot refuses with ValueError, and the words kdist's message uses
+    "quantize_model(None)": (lambda: _QUANTIZE.quantize_model(None), "cannot be None"),
+    "quantize_model(layer)": (lambda: _QUANTIZE.quantize_model(keras.layers.Dense(2)),
+                              "only be a Keras model"),
+    "quantize_model(subclassed)": (lambda: _QUANTIZE.quantize_model(_Subclassed()),
+                                   "subclassed"),
+    "quantize_model(nested)": (lambda: _QUANTIZE.quantize_model(_nested()), "inside another"),
+    "quantize_model(unbuilt)": (lambda: _QUANTIZE.quantize_model(keras.Sequential(
+        [keras.layers.Dense(2)])), "built model"),
+    "quantize_annotate_model(layer)": (
+        lambda: _QUANTIZE.quantize_annotate_model(keras.layers.Dense(2)), "only be a Keras model"),
+    "quantize_annotate_model(nested)": (
+        lambda: _QUANTIZE.quantize_annotate_model(_nested()), "inside another"),
+    "quantize_annotate_layer(model)": (
+        lambda: _QUANTIZE.quantize_annotate_layer(_model()), "only be a Keras layer"),
+    "quantize_apply(None)": (lambda: _QUANTIZE.quantize_apply(None), "cannot be None"),
+    "quantize_apply(subclassed)": (lambda: _QUANTIZE.quantize_apply(_Subclassed()),
+                                   "subclassed"),
+    "quantize_apply(unbuilt)": (lambda: _QUANTIZE.quantize_apply(keras.Sequential(
+        [_QUANTIZE.quantize_annotate_layer(keras.layers.Dense(2))])), "built model"),
+    "prune_low_magnitude(None)": (lambda: prune_low_magnitude(None), "can prune"),
+    "prune_low_magnitude(subclassed)": (lambda: prune_low_magnitude(_Subclassed()),
+                                        "subclassed"),
+    "strip_pruning(layer)": (lambda: tfmot.sparsity.keras.strip_pruning(
+        keras.layers.Dense(2)), "only be a Keras model"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_REFUSED))
+def test_what_tfmot_refuses_raises_its_value_error(case):
+    call, words = _REFUSED[case]
+    with pytest.raises(ValueError, match=words):
+        call()
+
+
+def test_what_tfmot_refuses_kdist_sparsity_still_does():
+    # The checks belong to the tfmot import paths: kdist's own functions quantise the
+    # layers of an inner model and prune models nested or not.
+    quantized = kdist.sparsity.quantize(_nested())
+    assert len(kdist.sparsity.wrapping.wrappers_in(quantized, kdist.sparsity.QuantizeAware)) == 3
+    pruned = prune_low_magnitude(_nested())
+    assert len(kdist.sparsity.pruned_layers(pruned)) == 3
+
+
 def test_what_kdist_does_not_offer_is_refused_with_a_reason():
     with pytest.raises(ValueError, match="pruning_policy"):
         prune_low_magnitude(_model(), pruning_policy=object())
