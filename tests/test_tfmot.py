@@ -349,6 +349,14 @@ def test_what_tfmot_refuses_kdist_sparsity_still_does():
     assert len(kdist.sparsity.pruned_layers(pruned)) == 3
 
 
+def test_wrappers_answer_to_tfmots_attribute_names():
+    schedule = tfmot.sparsity.keras.ConstantSparsity(0.5, begin_step=0)
+    pruned = prune_low_magnitude(keras.layers.Dense(2), pruning_schedule=schedule)
+    assert pruned.pruning_schedule is schedule
+    annotated = tfmot.quantization.keras.quantize_annotate_layer(keras.layers.Dense(2))
+    assert annotated.quantize_config is None
+
+
 def test_what_kdist_does_not_offer_is_refused_with_a_reason():
     with pytest.raises(ValueError, match="pruning_policy"):
         prune_low_magnitude(_model(), pruning_policy=object())

@@ -23,6 +23,8 @@ class QuantizeAnnotate(keras.layers.Wrapper):
         super().__init__(layer, **kwargs)
         self._input_shape_arg = (getattr(self, "_input_shape_arg", None)
                                  or getattr(layer, "_input_shape_arg", None))
+        # tfmot's attribute; kdist has one quantisation scheme and no configs.
+        self.quantize_config = None
 
     def call(self, inputs, *args, **kwargs):
         return self.layer(inputs, *args, **kwargs)

@@ -41,6 +41,11 @@ class PruneLowMagnitude(KernelWrapper):
         self.block_size, self.block_pooling_type, self.sparsity_m_by_n = check_pattern(
             block_size, block_pooling_type, sparsity_m_by_n)
 
+    @property
+    def pruning_schedule(self):
+        """The schedule, under tfmot's attribute name."""
+        return self.schedule
+
     def build_state(self, targets):
         def new_mask(name, target):
             return self.add_weight(name=name, shape=target.shape, initializer="ones",
