@@ -115,12 +115,12 @@ def prune_low_magnitude(to_prune, pruning_schedule=None, block_size=(1, 1),
                         "single layer; a model or a list of layers takes none.")
     if isinstance(to_prune, (list, tuple)):
         return [_sparsity.prune(layer, pruning_schedule, **pattern) for layer in to_prune]
-    if kwargs:
-        return _wrapping.wrap_layers(
-            to_prune, lambda layer: _sparsity.PruneLowMagnitude(
-                layer, pruning_schedule, **pattern, **kwargs),
-            _sparsity.PruneLowMagnitude, (), "prune")
-    return _sparsity.prune(to_prune, pruning_schedule, **pattern)
+    if isinstance(to_prune, keras.Model):
+        return _sparsity.prune(to_prune, pruning_schedule, **pattern)
+    return _wrapping.wrap_layers(
+        to_prune, lambda layer: _sparsity.PruneLowMagnitude(
+            layer, pruning_schedule, **pattern, **kwargs),
+        _sparsity.PruneLowMagnitude, (), "prune")
 
 
 def strip_pruning(model):
