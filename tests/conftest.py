@@ -51,6 +51,16 @@ def _without_mpi_asked():
                                                                    "off")
 
 
+SLOW_OPTION = "--slow"
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        SLOW_OPTION, action="store_true",
+        help="also run the tests marked slow: whole benchmark scripts and the longer fault "
+             "and strategy matrices, each of whose behaviours a default test covers too")
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_itemcollected(item):
     """Every test that launches MPI jobs is an `mpi` test, marked or not, so that
@@ -64,6 +74,12 @@ def pytest_collection_modifyitems(config, items):
     """Refuses to run a selection that holds multi-process tests when MPI is missing:
     skipping them would leave a green run that tested none of the distributed behaviour.
     `KDIST_TEST_WITHOUT_MPI=1` skips them knowingly instead."""
+    if not config.getoption(SLOW_OPTION):
+        # Skipped, not deselected, so that the summary counts what the run left out.
+        left_out = pytest.mark.skip(reason=f"slow: runs with {SLOW_OPTION}")
+        for item in items:
+            if item.get_closest_marker("slow"):
+                item.add_marker(left_out)
     needs_mpi = [item for item in items if "mpiexec_path" in getattr(item, "fixturenames", ())]
     if needs_mpi and _mpiexec() is None and not _without_mpi_asked():
         raise pytest.UsageError(

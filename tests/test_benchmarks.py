@@ -8,7 +8,9 @@ import sys
 import numpy as np
 import pytest
 
-pytestmark = [pytest.mark.mpi, pytest.mark.slow]
+# Every benchmark script runs here; the long ones (whole comparisons of several jobs)
+# only with --slow.
+pytestmark = pytest.mark.mpi
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -69,6 +71,7 @@ def test_overlap_benchmark_times_models_that_train_identically(mpirun):
     assert result["weights_across_ranks_max_difference"] == 0.0
 
 
+@pytest.mark.slow
 def test_fault_matrix_benchmark_reports_each_case_and_the_totals(mpiexec_path):
     done = subprocess.run(
         [sys.executable, os.path.join(ROOT, "benchmarks", "faults.py"), "--ranks", "2",
@@ -84,6 +87,7 @@ def test_fault_matrix_benchmark_reports_each_case_and_the_totals(mpiexec_path):
                       "finished": 1}
 
 
+@pytest.mark.slow
 def test_weak_scaling_benchmark_compares_all_cases_in_one_run(mpiexec_path):
     done = subprocess.run(
         [sys.executable, os.path.join(ROOT, "benchmarks", "weak_scaling.py"), "--rounds", "1",
@@ -101,6 +105,7 @@ def test_weak_scaling_benchmark_compares_all_cases_in_one_run(mpiexec_path):
     assert agreement["single"] is None
 
 
+@pytest.mark.slow
 def test_shared_cores_benchmark_sets_four_ranks_beside_two_in_one_run(mpiexec_path):
     done = subprocess.run(
         [sys.executable, os.path.join(ROOT, "benchmarks", "shared_cores.py"), "--rounds", "1",
@@ -115,6 +120,7 @@ def test_shared_cores_benchmark_sets_four_ranks_beside_two_in_one_run(mpiexec_pa
     assert all(value > 0 for value in result["ratio_to_two_ranks"].values())
 
 
+@pytest.mark.slow
 def test_ps_throughput_benchmark_compares_each_mode_with_the_add_bound(mpirun):
     job = mpirun(os.path.join(ROOT, "benchmarks", "ps_throughput.py"), n=3,
                  args=["--sizes", "100000", "--seconds", "0.2", "--servers", "2"])
@@ -133,6 +139,7 @@ def test_ps_throughput_benchmark_compares_each_mode_with_the_add_bound(mpirun):
             assert all(value > 0 for value in case[f"{rate}_fraction_of"].values())
 
 
+@pytest.mark.slow
 def test_ps_convergence_benchmark_reports_each_method_against_the_target(mpiexec_path):
     done = subprocess.run(
         [sys.executable, os.path.join(ROOT, "benchmarks", "ps_convergence.py"), "--workers",
@@ -146,6 +153,7 @@ def test_ps_convergence_benchmark_reports_each_method_against_the_target(mpiexec
         assert len(method["epochs"]) == 1 and method["to_target"]["updates"] > 0
 
 
+@pytest.mark.slow
 def test_gan_throughput_benchmark_compares_ranks_and_the_parameter_server(mpiexec_path):
     pytest.importorskip("h5py")
     done = subprocess.run(
@@ -171,6 +179,7 @@ def test_gan_throughput_benchmark_compares_ranks_and_the_parameter_server(mpiexe
     assert ps["vs_sync"] == pytest.approx(run["showers_per_s"] / small["showers_per_s"]["2"])
 
 
+@pytest.mark.slow
 def test_sparsity_benchmark_compares_kdist_with_tfmot():
     from importlib.util import find_spec
 
@@ -204,6 +213,7 @@ def test_sparsity_benchmark_compares_kdist_with_tfmot():
                                     <= pruned["tfmot_drop_points"] + 0.5)
 
 
+@pytest.mark.slow
 def test_hpo_groups_benchmark_times_one_and_two_groups(mpiexec_path):
     pytest.importorskip("keras_tuner")
     done = subprocess.run(
@@ -217,6 +227,7 @@ def test_hpo_groups_benchmark_times_one_and_two_groups(mpiexec_path):
                                             / result["seconds"]["1_group"])
 
 
+@pytest.mark.slow
 def test_hpo_budget_benchmark_counts_epochs_against_hyperbands(tmp_path):
     pytest.importorskip("keras_tuner")
     done = subprocess.run(
@@ -336,6 +347,7 @@ def test_hpo_benchmark_asks_in_rounds_or_keeps_the_batch_running(steady, running
     assert told == list(range(7))
 
 
+@pytest.mark.slow
 def test_hpo_benchmark_reports_median_regrets():
     pytest.importorskip("keras_tuner")
     pytest.importorskip("optuna")
@@ -374,6 +386,7 @@ def test_core_placement_benchmark_samples_both_series(mpiexec_path):
         assert trips["windows"] >= 1 and 0 < trips["p10_ns"] <= trips["p90_ns"]
 
 
+@pytest.mark.slow
 def test_tflite_export_benchmark_compares_sizes_latency_and_accuracy():
     done = subprocess.run(
         [sys.executable, os.path.join(ROOT, "benchmarks", "tflite_export.py"), "--epochs", "1",
@@ -398,6 +411,7 @@ def test_tflite_export_benchmark_compares_sizes_latency_and_accuracy():
     assert abs(keras_int8["accuracy"] - models["qat/int8"]["keras_accuracy"]) < 0.05
 
 
+@pytest.mark.slow
 def test_pipeline_benchmark_sets_bubbles_beside_the_formula_and_peaks_per_stage(mpiexec_path):
     done = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "pipeline.py"),
                            "--quick", "--parts", "bubble,memory", "--steps", "2"],

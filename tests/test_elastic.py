@@ -257,7 +257,8 @@ GROW = {"env": {"KDIST_ELASTIC_MAX_NP": "3"}, "mpi_args": ["--oversubscribe"] + 
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("lost,path", [(2, "optimizer"), (1, "strategy")])
+@pytest.mark.parametrize("lost,path", [(2, "optimizer"),
+                                       pytest.param(1, "strategy", marks=pytest.mark.slow)])
 def test_a_lost_rank_is_replaced_and_the_newcomer_trains_from_the_last_commit(mpirun, lost,
                                                                             path):
     job = mpirun(WORKER, n=3, args=["--lose-rank", lost, "--at-batch", 10, "--path", path],

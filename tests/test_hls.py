@@ -110,8 +110,7 @@ needs_hls4ml = pytest.mark.skipif(
 
 
 @needs_hls4ml
-@pytest.mark.slow
-@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize("bits", [8, pytest.param(4, marks=pytest.mark.slow)])
 def test_firmware_of_a_pruned_fixed_point_mlp_is_bit_exact(tmp_path, bits):
     pytest.importorskip("hls4ml")
     qmodel, x = _trained(_mlp(), bits=bits, prune_to=0.5,
@@ -129,7 +128,6 @@ def test_firmware_of_a_pruned_fixed_point_mlp_is_bit_exact(tmp_path, bits):
 
 
 @needs_hls4ml
-@pytest.mark.slow
 def test_firmware_of_a_conv_net_with_pooling_is_bit_exact(tmp_path):
     pytest.importorskip("hls4ml")
     keras.utils.set_random_seed(0)

@@ -14,7 +14,7 @@ from conftest import HERE
 pytestmark = pytest.mark.mpi
 
 
-@pytest.mark.parametrize("hosts,n", [(2, 4), (3, 3)])
+@pytest.mark.parametrize("hosts,n", [pytest.param(2, 4, marks=pytest.mark.slow), (3, 3)])
 def test_ranks_know_their_host_and_collectives_cross_hosts(mpirun, hosts, n):
     job = mpirun("collectives.py", n=n, hosts=hosts)
     per_host = n // hosts
@@ -77,6 +77,7 @@ def test_a_parameter_server_shares_memory_on_its_host_and_sends_messages_across(
                        final_weights=[job.rank(r)["weights"] for r in range(4)])
 
 
+@pytest.mark.slow
 def test_pipeline_stages_on_two_hosts_train_like_one_process(mpirun, tmp_path):
     job = mpirun("pipeline_train.py", n=2, args=[2, 1, "1f1b", "sgd", "0",
                                                  tmp_path / "weights.h5"], hosts=2, timeout=300)
@@ -86,6 +87,7 @@ def test_pipeline_stages_on_two_hosts_train_like_one_process(mpirun, tmp_path):
         np.testing.assert_allclose(report["loss"], report["expected_loss"], rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_a_search_group_spanning_two_hosts_trains_each_trial_data_parallel(mpirun, tmp_path):
     # Rank 0 (h0) runs the oracle; ranks 1-3, on both hosts, form one data-parallel group.
     job = mpirun("tune_search.py", n=4, hosts=2, timeout=400,

@@ -7,9 +7,6 @@ one TensorFlow thread each.
 import numpy as np
 import pytest
 
-pytestmark = pytest.mark.slow
-
-
 @pytest.fixture(scope="module")
 def two_kdist_workers(tf_launch):
     return tf_launch("tf_train.py", n=2, args=["kdist"], timeout=150)

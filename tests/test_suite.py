@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 
+pytest_plugins = ["pytester"]
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -37,3 +38,24 @@ def test_a_selection_with_mpi_tests_refuses_to_run_without_mpi(tmp_path):
     assert "test_run_prefixes_each_rank_and_reports_info" not in left_out.stdout
     assert "test_info_reports_versions_and_ranks" in left_out.stdout
 
+
+
+
+def test_slow_tests_are_skipped_with_their_reason_unless_asked_for(pytester):
+    with open(os.path.join(ROOT, "tests", "conftest.py")) as f:
+        pytester.makeconftest(f.read())
+    pytester.makeini("[pytest]\nmarkers =\n    slow: long\n")
+    pytester.makepyfile(test_marked="""
+        import pytest
+
+        @pytest.mark.slow
+        def test_long():
+            pass
+
+        def test_short():
+            pass
+    """)
+    default = pytester.runpytest_subprocess("-rs")
+    default.assert_outcomes(passed=1, skipped=1)
+    assert "slow: runs with --slow" in default.stdout.str()
+    pytester.runpytest_subprocess("--slow").assert_outcomes(passed=2)

@@ -48,7 +48,8 @@ def test_five_ranks_in_two_groups_of_two_fold_teams_account_for_every_trial(mpir
 
 def test_a_trial_that_fails_on_one_rank_is_recorded_and_the_search_goes_on(mpirun, tmp_path):
     job = mpirun("tune_search.py", n=3, timeout=400,
-                 args=[tmp_path, "--folds-per-group", 2, "--trials", 6, "--fail-trial", 2])
+                 args=[tmp_path, "--folds-per-group", 2, "--trials", 6, "--fail-trial", 2,
+                       "--folds", 2])
     statuses = job.rank(0)["statuses"]
     assert statuses.pop("2") == "FAILED"
     assert statuses == {str(i): "COMPLETED" for i in (0, 1, 3, 4, 5)}
@@ -58,12 +59,13 @@ def test_a_trial_that_fails_on_one_rank_is_recorded_and_the_search_goes_on(mpiru
 
 def test_a_killed_search_resumes_with_its_finished_trials_kept(mpirun, tmp_path):
     first = mpirun("tune_search.py", n=3, timeout=400, check=False,
-                   args=[tmp_path, "--trials", 6, "--die-after", 2])
+                   args=[tmp_path, "--trials", 6, "--die-after", 2, "--folds", 2])
     assert first.returncode != 0
     finished = {tid: state for tid, state in _trials(str(tmp_path)).items()
                 if state["status"] == "COMPLETED"}
     assert 2 <= len(finished) < 6
-    second = mpirun("tune_search.py", n=3, timeout=400, args=[tmp_path, "--trials", 6])
+    second = mpirun("tune_search.py", n=3, timeout=400,
+                    args=[tmp_path, "--trials", 6, "--folds", 2])
     assert second.rank(0)["statuses"] == {str(i): "COMPLETED" for i in range(6)}
     after = _trials(str(tmp_path))
     for tid, state in finished.items():
@@ -101,7 +103,8 @@ def test_bohb_promotes_across_groups_within_its_budget(mpirun, tmp_path):
 def test_a_group_killed_mid_trial_loses_nothing_and_the_others_finish_the_search(mpirun,
                                                                                  tmp_path):
     job = mpirun("tune_search.py", n=3, timeout=400, fault_tolerant=True, check=False,
-                 args=[tmp_path, "--trials", 6, "--kill-group", 1, "--lost-after", 5])
+                 args=[tmp_path, "--trials", 6, "--kill-group", 1, "--lost-after", 5,
+                       "--folds", 2])
     assert job.returncode == 0, job.output[-3000:]
     assert sorted(job.results) == [0, 1]  # rank 2, group 1's only rank, was killed
     for rank in (0, 1):
@@ -109,8 +112,8 @@ def test_a_group_killed_mid_trial_loses_nothing_and_the_others_finish_the_search
         assert report["statuses"] == {str(i): "COMPLETED" for i in range(6)}
         assert sorted(report["ended"]) == [str(i) for i in range(6)]  # each once
     # Group 1 died in its first trial, so group 0 ran all six, that one included:
-    # one model to learn the space, then 4 folds per trial.
-    assert job.rank(1)["built"] == 1 + 6 * 4
+    # one model to learn the space, then 2 folds per trial.
+    assert job.rank(1)["built"] == 1 + 6 * 2
     assert "giving up on group1" in job.output and "goes back to the queue" in job.output
     assert "lost group1" in job.output
 
@@ -134,7 +137,8 @@ def test_a_group_whose_follower_dies_leaves_and_its_trial_goes_to_another(mpirun
 def test_a_stalled_trial_fails_at_its_timeout_and_the_search_ends_without_waiting(mpirun,
                                                                                   tmp_path):
     job = mpirun("tune_search.py", n=3, timeout=400,
-                 args=[tmp_path, "--trials", 6, "--stall-trial", 1, "--trial-timeout", 20])
+                 args=[tmp_path, "--trials", 6, "--stall-trial", 1, "--trial-timeout", 20,
+                       "--folds", 2])
     statuses = dict(job.rank(0)["statuses"])
     assert statuses.pop("1") == "FAILED"
     assert statuses == {str(i): "COMPLETED" for i in (0, 2, 3, 4, 5)}

@@ -29,7 +29,7 @@ def test_mpi_strategy_under_xla_matches_one_process_without_it(mpirun, python_ru
     np.testing.assert_allclose(job.rank(0)["predictions"], single["predictions"], atol=1e-4)
 
 
-@pytest.mark.parametrize("mode", ["hvd", "mpi"])
+@pytest.mark.parametrize("mode", ["hvd", pytest.param("mpi", marks=pytest.mark.slow)])
 def test_gan_under_xla_matches_one_process_without_it(mpirun, python_run, mode):
     args = ["--d-steps", 1, "--g-steps", 2]
     single = python_run("gan_train.py", ["--mode", "single"] + args)

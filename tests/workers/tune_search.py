@@ -2,7 +2,7 @@
 
 Usage: tune_search.py DIRECTORY [--oracle genetic|bayesian|bohb] [--trials T] [--folds-per-group F]
        [--workers-per-fold W] [--fail-trial ID] [--die-after K] [--generic]
-       [--kill-group G] [--lost-after S] [--trial-timeout S] [--stall-trial ID]
+       [--kill-group G] [--lost-after S] [--trial-timeout S] [--stall-trial ID] [--folds K]
 """
 
 import argparse
@@ -17,6 +17,7 @@ parser = argparse.ArgumentParser()
 parser.add_argument("directory")
 parser.add_argument("--oracle", default="genetic")
 parser.add_argument("--trials", type=int, default=8, help="with bohb: the budget in epochs")
+parser.add_argument("--folds", type=int, default=4)
 parser.add_argument("--folds-per-group", type=int, default=1)
 parser.add_argument("--workers-per-fold", type=int, default=1)
 parser.add_argument("--fail-trial", help="this trial raises on the group's last rank")
@@ -142,7 +143,7 @@ elif args.generic:
     kdist.tune.search(tuner, x, y, epochs=2, validation_split=0.25, verbose=0,
                       workers_per_fold=args.workers_per_fold)
 else:
-    tuner = Tracking(build, oracle=oracle(), folds=4, directory=args.directory,
+    tuner = Tracking(build, oracle=oracle(), folds=args.folds, directory=args.directory,
                      project_name="search", overwrite=args.overwrite)
     tuner.search(x, y, epochs=2, verbose=0, folds_per_group=args.folds_per_group,
                  workers_per_fold=args.workers_per_fold, lost_after=args.lost_after,
