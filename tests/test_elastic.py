@@ -279,6 +279,7 @@ def test_a_lost_rank_is_replaced_and_the_newcomer_trains_from_the_last_commit(mp
 
 
 @pytest.mark.mpi
+@pytest.mark.slow
 def test_a_replacement_that_dies_is_replaced_in_turn(mpirun):
     job = mpirun(WORKER, n=3, args=["--lose-rank", 2, "--replacement-dies-at", 5],
                  fault_tolerant=True, check=False, timeout=180, **GROW)
@@ -300,6 +301,7 @@ def test_replacements_that_die_before_they_join_are_not_started_again(mpirun):
 
 
 @pytest.mark.mpi
+@pytest.mark.slow
 def test_a_gan_replacement_receives_both_models_and_both_optimizers(mpirun):
     job = mpirun("elastic_gan.py", n=3, fault_tolerant=True, check=False, timeout=180, **GROW)
     ranks = _survivors(job, 3)

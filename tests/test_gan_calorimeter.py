@@ -210,8 +210,8 @@ def test_validation_metrics_separate_good_from_bad_showers(showers):
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("strategy,ranks", [pytest.param("mpi", 2, marks=pytest.mark.slow),
-                                            ("ps", 3)])
+@pytest.mark.parametrize("strategy,ranks", [("mpi", 2),
+                                            pytest.param("ps", 3, marks=pytest.mark.slow)])
 def test_train_runs_with_the_other_strategies(mpirun, tmp_path, strategy, ranks):
     out = tmp_path / "run"
     job = mpirun(os.path.join(EXAMPLE, "train.py"), n=ranks, timeout=300,

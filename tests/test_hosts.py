@@ -39,6 +39,7 @@ def test_distributed_optimizer_across_hosts_matches_one_process(mpirun, python_r
     assert job.rank(0)["iterations"] == single["iterations"] == 10
 
 
+@pytest.mark.slow
 def test_mpi_strategy_across_hosts_matches_one_process(mpirun, python_run):
     args = ["--optimizer", "adam", "--lr", 1e-3]
     single = python_run("strategy.py", args + ["--strategy", "mirrored"])

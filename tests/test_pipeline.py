@@ -132,6 +132,7 @@ def test_two_stages_train_like_one_process(mpirun, tmp_path, schedule_name, opti
     _check_equal(result, 2, 1)
 
 
+@pytest.mark.slow
 def test_four_stages_and_two_by_two_hybrid_train_like_one_process(mpirun, tmp_path):
     result = mpirun("pipeline_train.py", n=4, timeout=300, args=[
         4, 1, "1f1b", "adam", "0", tmp_path / "four.h5"])

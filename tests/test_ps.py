@@ -222,6 +222,7 @@ def test_two_servers_holding_half_the_centre_each_train_as_one_and_resume(mpirun
     assert master["updates"] == shard["updates"] > 0
 
 
+@pytest.mark.slow
 def test_two_servers_under_a_submaster_by_message_train_as_one(mpirun):
     # EASGD at both levels, every body sent by message: the sub-master splits
     # what it reports between the two top servers and joins their replies.

@@ -57,6 +57,7 @@ def test_a_trial_that_fails_on_one_rank_is_recorded_and_the_search_goes_on(mpiru
     assert "this trial's model cannot be built here" in job.output
 
 
+@pytest.mark.slow
 def test_a_killed_search_resumes_with_its_finished_trials_kept(mpirun, tmp_path):
     first = mpirun("tune_search.py", n=3, timeout=400, check=False,
                    args=[tmp_path, "--trials", 6, "--die-after", 2, "--folds", 2])
@@ -118,6 +119,7 @@ def test_a_group_killed_mid_trial_loses_nothing_and_the_others_finish_the_search
     assert "lost group1" in job.output
 
 
+@pytest.mark.slow
 def test_a_group_whose_follower_dies_leaves_and_its_trial_goes_to_another(mpirun, tmp_path):
     job = mpirun("tune_search.py", n=5, timeout=400, fault_tolerant=True, check=False,
                  args=[tmp_path, "--trials", 6, "--folds-per-group", 2, "--kill-group", 1,
@@ -134,6 +136,7 @@ def test_a_group_whose_follower_dies_leaves_and_its_trial_goes_to_another(mpirun
     assert "giving up on group1 (it lost a rank during its trial)" in job.output
 
 
+@pytest.mark.slow
 def test_a_stalled_trial_fails_at_its_timeout_and_the_search_ends_without_waiting(mpirun,
                                                                                   tmp_path):
     job = mpirun("tune_search.py", n=3, timeout=400,

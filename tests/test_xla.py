@@ -41,6 +41,7 @@ def test_gan_under_xla_matches_one_process_without_it(mpirun, python_run, mode):
     assert job.rank(0)["g_iterations"] == 2 * job.rank(0)["d_iterations"]
 
 
+@pytest.mark.slow
 def test_parameter_server_worker_under_xla_matches_it_without(mpirun):
     args = ["downpour", "--epochs", 2]
     plain = mpirun("ps_train.py", n=2, args=args, timeout=300)
