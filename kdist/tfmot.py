@@ -229,8 +229,20 @@ class UpdatePruningStep(_sparsity.UpdatePruning):
 
     As in tfmot, a model with no pruned layer trains with it as without it;
     kdist's own callback refuses such a model, which is more often a
-    mistake than not.
+    mistake than not. Also as in tfmot, schedules count the first batch as
+    step 1: `ConstantSparsity(0.5, 0, frequency=100)` prunes on the 100th
+    batch, and `PolynomialDecay(..., begin_step=1)` prunes on the first;
+    and an m-by-n pattern (`sparsity_m_by_n`) is set once, at step 1,
+    whatever the schedule. kdist's own callback counts the first batch as
+    step 0 and sets patterns on the schedule's turns.
     """
+
+    _first_step = 1
+
+    def _turns(self, wrapper, steps):
+        if getattr(wrapper, "sparsity_m_by_n", None) is not None:
+            return [s for s in steps if s == 1]
+        return super()._turns(wrapper, steps)
 
     def __init__(self, log_sparsity=True):
         super().__init__(log_sparsity)

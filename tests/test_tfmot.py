@@ -81,7 +81,9 @@ def test_layers_are_pruned_where_the_guide_chooses_them():
     assert [type(layer).__name__ for layer in cloned.layers] == ["PruneLowMagnitude", "Dense"]
 
     inputs = keras.Input((10,))
-    hidden = prune_low_magnitude(keras.layers.Dense(16))(inputs)
+    # tfmot's default schedule first prunes at step 100; this one at every step.
+    every_step = tfmot.sparsity.keras.ConstantSparsity(0.5, 0, frequency=1)
+    hidden = prune_low_magnitude(keras.layers.Dense(16), pruning_schedule=every_step)(inputs)
     functional = keras.Model(inputs, keras.layers.Dense(2)(hidden))
     _compile(functional).fit(*_data(64), epochs=1, verbose=0,
                              callbacks=[tfmot.sparsity.keras.UpdatePruningStep()])
@@ -90,7 +92,9 @@ def test_layers_are_pruned_where_the_guide_chooses_them():
 
 def test_the_guides_block_and_2_by_4_pruning():
     x, y = _data()
-    blocks = _compile(prune_low_magnitude(_model(), block_size=[1, 16]))
+    every_step = tfmot.sparsity.keras.ConstantSparsity(0.5, 0, frequency=1)
+    blocks = _compile(prune_low_magnitude(_model(), block_size=[1, 16],
+                                          pruning_schedule=every_step))
     blocks.fit(x, y, epochs=1, verbose=0, callbacks=[tfmot.sparsity.keras.UpdatePruningStep()])
     kernel = tfmot.sparsity.keras.strip_pruning(blocks).layers[0].get_weights()[0]
     rows = (kernel.reshape(10, 2, 16) == 0).all(axis=2) | (kernel.reshape(10, 2, 16) != 0).all(
@@ -114,7 +118,9 @@ def test_a_custom_prunable_layer_prunes_the_weight_it_names():
         def get_prunable_weights(self):
             return [self.kernel]
 
-    model = keras.Sequential([keras.Input((10,)), prune_low_magnitude(MyDenseLayer(20)),
+    every_step = tfmot.sparsity.keras.ConstantSparsity(0.5, 0, frequency=1)
+    model = keras.Sequential([keras.Input((10,)),
+                              prune_low_magnitude(MyDenseLayer(20), pruning_schedule=every_step),
                               keras.layers.Dense(2)])
     _compile(model).fit(*_data(64), epochs=1, verbose=0,
                         callbacks=[tfmot.sparsity.keras.UpdatePruningStep()])
@@ -125,7 +131,7 @@ def test_a_custom_prunable_layer_prunes_the_weight_it_names():
             return [self.kernel, self.bias]
 
     both = keras.Sequential([keras.Input((10,)), prune_low_magnitude(
-        TwoWeights(4, bias_initializer="random_normal"))])
+        TwoWeights(4, bias_initializer="random_normal"), pruning_schedule=every_step)])
     _compile(both).fit(*_data(64), epochs=1, verbose=0,
                        callbacks=[tfmot.sparsity.keras.UpdatePruningStep()])
     stripped = tfmot.sparsity.keras.strip_pruning(both).layers[0]
@@ -263,7 +269,7 @@ def test_layer_arguments_go_to_the_wrapper_of_a_single_layer():
     with pytest.warns(UserWarning, match="input_shape"):  # Keras 3's own advice
         first = prune_low_magnitude(keras.layers.Dense(4), input_shape=(10,), name="first",
                                     pruning_schedule=tfmot.sparsity.keras.ConstantSparsity(
-                                        0.5, begin_step=0))
+                                        0.5, begin_step=0, frequency=1))
     model = _compile(keras.Sequential([first, keras.layers.Dense(2)]))
     assert model.input_shape == (None, 10) and model.layers[0].name == "first"
     model.fit(*_data(64), epochs=1, verbose=0,
@@ -289,6 +295,36 @@ def test_update_pruning_step_leaves_a_model_without_pruned_layers_alone():
     with pytest.raises(ValueError, match="no layer wrapped"):
         _compile(_model()).fit(*_data(64), epochs=1, verbose=0,
                                callbacks=[kdist.sparsity.UpdatePruning()])
+
+
+def _pruned_after(batches, schedule, callback, seed=0):
+    """Kernel sparsity of a pruned Dense after `batches` single-row training steps,
+    taken in two fits (all but the last, then the last) as a resumed run would."""
+    keras.utils.set_random_seed(seed)
+    model = keras.Sequential([keras.Input((10,)), keras.layers.Dense(8)])
+    model = _compile(prune_low_magnitude(model, pruning_schedule=schedule))
+    x, y = _data(batches, seed)
+    seen = []
+    for rows in (slice(0, batches - 1), slice(batches - 1, batches)):
+        model.fit(x[rows], y[rows], batch_size=1, epochs=1, verbose=0,
+                  callbacks=[callback()])
+        seen.append(max(kdist.sparsity.sparsity_of(model).values()))
+    return seen
+
+
+def test_schedules_count_the_first_batch_as_step_1_as_tfmot_does():
+    every_100 = tfmot.sparsity.keras.ConstantSparsity(0.5, 0, frequency=100)
+    # tfmot's pruning step is 1 on the first batch: step 100 is the 100th batch.
+    assert _pruned_after(100, every_100, tfmot.sparsity.keras.UpdatePruningStep) == [0.0, 0.5]
+    # kdist's own callback counts from 0, so its first batch is already a turn.
+    assert _pruned_after(2, every_100, kdist.sparsity.UpdatePruning) == [0.5, 0.5]
+    from_step_1 = tfmot.sparsity.keras.PolynomialDecay(0.25, 0.75, begin_step=1, end_step=3,
+                                                       frequency=1)
+    # Cubic decay from 0.25 at step 1 to 0.75 at step 3: 0.6875 at step 2.
+    assert _pruned_after(2, from_step_1, tfmot.sparsity.keras.UpdatePruningStep) == \
+        pytest.approx([0.25, 0.6875])
+    assert _pruned_after(2, from_step_1, kdist.sparsity.UpdatePruning) == \
+        pytest.approx([0.0, 0.25])
 
 
 class _Subclassed(keras.Model):

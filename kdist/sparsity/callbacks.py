@@ -55,6 +55,9 @@ class UpdatePruning(keras.callbacks.Callback):
 
     # tf_keras's CallbackList asks these of every callback it is given.
     _supports_tf_logs = False
+    # The step number a schedule sees on the first batch: kdist counts steps
+    # from 0, tfmot's wrapper from 1 (kdist.tfmot's callback says so).
+    _first_step = 0
 
     def _implements_train_batch_hooks(self):
         return True
@@ -105,8 +108,9 @@ class UpdatePruning(keras.callbacks.Callback):
         step = self._iterations() - self._origin
         # With steps_per_execution > 1 batches are reported in groups: catch up.
         first = step if self._last_step is None else min(step, self._last_step + 1)
+        shift = self._first_step
         for wrapper in self._wrappers:
-            due = [s for s in range(first, step + 1) if wrapper.schedule.should_prune(s)]
+            due = self._turns(wrapper, range(first + shift, step + shift + 1))
             if due:
                 self._pending[id(wrapper)] = wrapper.schedule.sparsity(due[-1])
             # A subclassed model builds its layers in its first step: prune them after it.
@@ -115,6 +119,10 @@ class UpdatePruning(keras.callbacks.Callback):
             if wrapper.built:
                 wrapper.pruning_step.assign(step + 1)
         self._last_step = step
+
+    def _turns(self, wrapper, steps):
+        """The steps among `steps` at which `wrapper`'s masks are recomputed."""
+        return [s for s in steps if wrapper.schedule.should_prune(s)]
 
     def on_epoch_end(self, epoch=-1, logs=None, batch=None):
         # tfmot's callback names its first argument `batch`; its custom-loop
