@@ -353,4 +353,7 @@ quantization = _namespace("quantization", "tfmot.quantization over kdist.sparsit
     quantize_annotate_layer=quantize_annotate_layer,
     quantize_annotate_model=quantize_annotate_model,
     quantize_apply=quantize_apply,
-    quantize_scope=quantize_scope))
+    quantize_scope=quantize_scope,
+    # What quantize_apply wraps layers in, under tfmot's two names for it.
+    QuantizeWrapper=_sparsity.QuantizeAware,
+    QuantizeWrapperV2=_sparsity.QuantizeAware))

@@ -391,6 +391,13 @@ def test_wrappers_answer_to_tfmots_attribute_names():
     assert pruned.pruning_schedule is schedule
     annotated = tfmot.quantization.keras.quantize_annotate_layer(keras.layers.Dense(2))
     assert annotated.quantize_config is None
+    # tfmot code that looks for its quantisation wrapper finds kdist's.
+    quantized = tfmot.quantization.keras.quantize_model(_model())
+    wrapped = [layer for layer in quantized.layers
+               if isinstance(layer, tfmot.quantization.keras.QuantizeWrapperV2)]
+    assert len(wrapped) == 2 and all(isinstance(layer.layer, keras.layers.Dense)
+                                     for layer in wrapped)
+    assert tfmot.quantization.keras.QuantizeWrapper is tfmot.quantization.keras.QuantizeWrapperV2
 
 
 def test_what_kdist_does_not_offer_is_refused_with_a_reason():
