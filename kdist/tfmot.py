@@ -113,14 +113,43 @@ def prune_low_magnitude(to_prune, pruning_schedule=None, block_size=(1, 1),
     if kwargs and not (is_layer and not isinstance(to_prune, keras.Model)):
         raise TypeError(f"prune_low_magnitude passes {sorted(kwargs)} to the wrapper of a "
                         "single layer; a model or a list of layers takes none.")
+    if not isinstance(pruning_schedule, _sparsity.PruningSchedule):
+        raise TypeError("pruning_schedule must be a PruningSchedule (ConstantSparsity, "
+                        f"PolynomialDecay or a subclass); got {type(pruning_schedule).__name__}.")
+
+    def wrap(layer, **arguments):
+        _check_prunable(layer)
+        return _sparsity.PruneLowMagnitude(layer, pruning_schedule, **pattern, **arguments)
+
     if isinstance(to_prune, (list, tuple)):
-        return [_sparsity.prune(layer, pruning_schedule, **pattern) for layer in to_prune]
+        return [_wrapping.wrap_layers(layer, wrap, _sparsity.PruneLowMagnitude, (), "prune")
+                for layer in to_prune]
     if isinstance(to_prune, keras.Model):
-        return _sparsity.prune(to_prune, pruning_schedule, **pattern)
-    return _wrapping.wrap_layers(
-        to_prune, lambda layer: _sparsity.PruneLowMagnitude(
-            layer, pruning_schedule, **pattern, **kwargs),
-        _sparsity.PruneLowMagnitude, (), "prune")
+        return _wrapping.wrap_layers(to_prune, wrap, _sparsity.PruneLowMagnitude, (), "prune")
+    return _wrapping.wrap_layers(to_prune, lambda layer: wrap(layer, **kwargs),
+                                 _sparsity.PruneLowMagnitude, (), "prune")
+
+
+_CONV_LSTM = ("ConvLSTM1D", "ConvLSTM2D", "ConvLSTM3D")
+
+
+def _check_prunable(layer):
+    """tfmot prunes the Keras layers it lists and layers that name their own weights
+    (`PrunableLayer`, `get_prunable_weights`); it refuses the rest, subclasses of
+    listed layers and the ConvLSTM layers included. So does this facade."""
+    if hasattr(layer, "get_prunable_weights"):
+        return
+    kind = type(layer)
+    from_keras = kind.__module__.split(".")[0] == "keras"
+    if from_keras and kind.__name__ not in _CONV_LSTM:
+        return
+    why = ("tfmot does not prune ConvLSTM layers" if from_keras else
+           f"{kind.__name__} is not one of the Keras layers tfmot prunes")
+    raise ValueError(
+        f"prune_low_magnitude: {why} ({kind.__module__}.{kind.__name__}). Make the layer a "
+        "tfmot.sparsity.keras.PrunableLayer that returns its weights from "
+        "get_prunable_weights(), or use kdist.sparsity.prune, which prunes every layer with "
+        "a kernel.")
 
 
 def strip_pruning(model):

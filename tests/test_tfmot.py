@@ -376,6 +376,22 @@ def test_what_tfmot_refuses_raises_its_value_error(case):
         call()
 
 
+def test_layers_tfmot_does_not_list_are_refused_as_tfmot_refuses_them():
+    class Subclassed(keras.layers.Dense):
+        pass
+
+    with pytest.raises(ValueError, match="Subclassed is not one of the Keras layers tfmot"):
+        prune_low_magnitude(Subclassed(2))
+    model = keras.Sequential([keras.Input((10,)), Subclassed(4), keras.layers.Dense(2)])
+    with pytest.raises(ValueError, match="PrunableLayer"):
+        prune_low_magnitude(model)
+    with pytest.raises(ValueError, match="tfmot does not prune ConvLSTM layers"):
+        prune_low_magnitude([keras.layers.ConvLSTM2D(2, 3)])
+    # kdist's own API prunes every layer with a kernel.
+    pruned = kdist.sparsity.prune(model, kdist.sparsity.ConstantSparsity(0.5, 0))
+    assert len(kdist.sparsity.pruned_layers(pruned)) == 2
+
+
 def test_what_tfmot_refuses_kdist_sparsity_still_does():
     # The checks belong to the tfmot import paths: kdist's own functions quantise the
     # layers of an inner model and prune models nested or not.
