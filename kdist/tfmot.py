@@ -20,8 +20,8 @@ script runs on Keras 3 after changing its import line:
 A tf_keras model, layer or callback's model is handed to
 tensorflow-model-optimization itself (extra `tfmot`), so a script that
 still builds tf_keras models runs too. For Keras 3 models, what kdist does
-differently is said where it matters: layer names (`pruned_<name>`,
-`quantized_<name>`), one quantisation scheme (8-bit symmetric per-channel
+differently is said where it matters: quantisation wrappers' names
+(`quantized_<name>`), one quantisation scheme (8-bit symmetric per-channel
 weights and moving-average output ranges, no `quantize_config`), and no
 pruning policies.
 """
@@ -119,6 +119,7 @@ def prune_low_magnitude(to_prune, pruning_schedule=None, block_size=(1, 1),
 
     def wrap(layer, **arguments):
         _check_prunable(layer)
+        arguments.setdefault("name", f"prune_low_magnitude_{layer.name}")  # tfmot's name
         return _sparsity.PruneLowMagnitude(layer, pruning_schedule, **pattern, **arguments)
 
     if isinstance(to_prune, (list, tuple)):

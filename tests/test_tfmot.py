@@ -79,6 +79,8 @@ def test_layers_are_pruned_where_the_guide_chooses_them():
 
     cloned = keras.models.clone_model(base, clone_function=apply_pruning_to_dense)
     assert [type(layer).__name__ for layer in cloned.layers] == ["PruneLowMagnitude", "Dense"]
+    # Named as tfmot names its wrappers.
+    assert cloned.layers[0].name == f"prune_low_magnitude_{base.layers[0].name}"
 
     inputs = keras.Input((10,))
     # tfmot's default schedule first prunes at step 100; this one at every step.
