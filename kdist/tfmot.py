@@ -113,9 +113,6 @@ def prune_low_magnitude(to_prune, pruning_schedule=None, block_size=(1, 1),
     if kwargs and not (is_layer and not isinstance(to_prune, keras.Model)):
         raise TypeError(f"prune_low_magnitude passes {sorted(kwargs)} to the wrapper of a "
                         "single layer; a model or a list of layers takes none.")
-    if not isinstance(pruning_schedule, _sparsity.PruningSchedule):
-        raise TypeError("pruning_schedule must be a PruningSchedule (ConstantSparsity, "
-                        f"PolynomialDecay or a subclass); got {type(pruning_schedule).__name__}.")
 
     def wrap(layer, **arguments):
         _check_prunable(layer)
@@ -125,8 +122,7 @@ def prune_low_magnitude(to_prune, pruning_schedule=None, block_size=(1, 1),
     if isinstance(to_prune, (list, tuple)):
         return [_wrapping.wrap_layers(layer, wrap, _sparsity.PruneLowMagnitude, (), "prune")
                 for layer in to_prune]
-    if isinstance(to_prune, keras.Model):
-        return _wrapping.wrap_layers(to_prune, wrap, _sparsity.PruneLowMagnitude, (), "prune")
+    # kwargs is empty for a model (refused above).
     return _wrapping.wrap_layers(to_prune, lambda layer: wrap(layer, **kwargs),
                                  _sparsity.PruneLowMagnitude, (), "prune")
 
