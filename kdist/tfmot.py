@@ -21,9 +21,9 @@ A tf_keras model, layer or callback's model is handed to
 tensorflow-model-optimization itself (extra `tfmot`), so a script that
 still builds tf_keras models runs too. For Keras 3 models, what kdist does
 differently is said where it matters: quantisation wrappers' names
-(`quantized_<name>`), one quantisation scheme (8-bit symmetric per-channel
-weights and moving-average output ranges, no `quantize_config`), and no
-pruning policies.
+(`quantized_<name>`), one scheme for layers without a `QuantizeConfig`
+(8-bit symmetric per-channel weights and moving-average output ranges),
+configs' `set_quantize_weights` never called, and no pruning policies.
 """
 
 import contextlib
@@ -36,6 +36,8 @@ from kdist import _keras_private
 from kdist import sparsity as _sparsity
 from kdist.sparsity import annotation as _annotation
 from kdist.sparsity import bridge as _bridge
+from kdist.sparsity import configured as _configured
+from kdist.sparsity import quantizers as _quantizers
 from kdist.sparsity import wrapping as _wrapping
 
 __all__ = ["quantization", "sparsity"]
@@ -149,6 +151,23 @@ def _check_prunable(layer):
         "a kernel.")
 
 
+def _check_quantizable(layers):
+    """tfmot quantises the Keras layers it knows and refuses others (custom layers, and
+    subclasses of Keras layers) unless they were annotated with a QuantizeConfig."""
+    for layer in layers:
+        if getattr(layer, "quantize_config", None) is not None:
+            continue
+        if isinstance(layer, _annotation.QuantizeAnnotate):
+            layer = layer.layer
+        kind = type(layer)
+        if kind.__module__.split(".")[0] in ("keras", "kdist"):
+            continue
+        raise RuntimeError(
+            f"Layer {layer.name}:{kind.__module__}.{kind.__name__} is not supported. You can "
+            "quantize this layer by passing a tfmot.quantization.keras.QuantizeConfig "
+            "instance to the quantize_annotate_layer API.")
+
+
 def strip_pruning(model):
     """tfmot's `strip_pruning`: the model without its wrappers (`kdist.sparsity.strip`).
 
@@ -164,7 +183,9 @@ def strip_pruning(model):
 def _scope(extra, real_scope):
     objects = {cls.__name__: cls for cls in (
         _sparsity.PruneLowMagnitude, _sparsity.QuantizeAware, _annotation.QuantizeAnnotate,
-        _sparsity.ConstantSparsity, _sparsity.PolynomialDecay)}
+        _sparsity.ConstantSparsity, _sparsity.PolynomialDecay, _configured.QuantizeWithConfig,
+        _configured.QuantizeAwareActivation, _quantizers.LastValueQuantizer,
+        _quantizers.MovingAverageQuantizer, _quantizers.AllValuesQuantizer)}
     for entry in extra:
         if not isinstance(entry, dict):
             raise TypeError(f"quantize_scope takes dicts of custom objects; got {entry!r}.")
@@ -204,6 +225,7 @@ def quantize_model(to_quantize, quantized_layer_name_prefix="quant_"):
                  "quantize_annotate_layer and quantize_apply.")
     _check_flat(to_quantize, "to_quantize")
     _check_built(to_quantize, "to_quantize")
+    _check_quantizable(to_quantize.layers)
     return _sparsity.quantize(to_quantize)
 
 
@@ -246,7 +268,9 @@ def quantize_apply(model, scheme=None, quantized_layer_name_prefix="quant_"):
     if scheme is not None:
         raise ValueError("quantize_apply: kdist has one quantisation scheme (8-bit symmetric "
                          "per-channel weights that keep their zeros, moving-average output "
-                         "ranges); leave scheme out.")
+                         "ranges); leave scheme out, and give a layer other quantizers with "
+                         "quantize_annotate_layer(layer, quantize_config).")
+    _check_quantizable(_wrapping.wrappers_in(model, _annotation.QuantizeAnnotate))
     return _annotation.quantize_apply(model)
 
 
@@ -372,6 +396,24 @@ sparsity = _namespace("sparsity", "tfmot.sparsity over kdist.sparsity.", keras=_
     UpdatePruningStep=UpdatePruningStep,
     PruningSummaries=PruningSummaries))
 
+class _EitherQuantizeWrapper(type(_configured.QuantizeWithConfig)):
+    # tfmot has one wrapper class for every quantised layer; kdist has two (its
+    # own scheme's and a QuantizeConfig's), and tfmot's name answers for both.
+    def __instancecheck__(cls, instance):
+        return isinstance(instance, (_configured.QuantizeWithConfig, _sparsity.QuantizeAware))
+
+    def __subclasscheck__(cls, subclass):
+        return issubclass(subclass, (_configured.QuantizeWithConfig, _sparsity.QuantizeAware))
+
+
+class QuantizeWrapper(_configured.QuantizeWithConfig, metaclass=_EitherQuantizeWrapper):
+    """tfmot's `QuantizeWrapper(layer, quantize_config)`: a `QuantizeWithConfig`.
+
+    `isinstance(layer, QuantizeWrapper)` is true of every quantised layer,
+    `quantize_model`'s `QuantizeAware` ones included.
+    """
+
+
 quantization = _namespace("quantization", "tfmot.quantization over kdist.sparsity.",
                           keras=_namespace(
     "quantization.keras", "tfmot.quantization.keras over kdist.sparsity.",
@@ -380,6 +422,14 @@ quantization = _namespace("quantization", "tfmot.quantization over kdist.sparsit
     quantize_annotate_model=quantize_annotate_model,
     quantize_apply=quantize_apply,
     quantize_scope=quantize_scope,
+    QuantizeConfig=_configured.QuantizeConfig,
     # What quantize_apply wraps layers in, under tfmot's two names for it.
-    QuantizeWrapper=_sparsity.QuantizeAware,
-    QuantizeWrapperV2=_sparsity.QuantizeAware))
+    QuantizeWrapper=QuantizeWrapper,
+    QuantizeWrapperV2=QuantizeWrapper,
+    quantizers=_namespace(
+        "quantization.keras.quantizers", "tfmot.quantization.keras.quantizers over "
+        "kdist.sparsity.quantizers.",
+        Quantizer=_quantizers.Quantizer,
+        LastValueQuantizer=_quantizers.LastValueQuantizer,
+        MovingAverageQuantizer=_quantizers.MovingAverageQuantizer,
+        AllValuesQuantizer=_quantizers.AllValuesQuantizer)))

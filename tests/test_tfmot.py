@@ -423,9 +423,6 @@ def test_what_kdist_does_not_offer_is_refused_with_a_reason():
         prune_low_magnitude(_model(), pruning_policy=object())
     with pytest.raises(ValueError, match="sparsity_m_by_n"):
         prune_low_magnitude(_model(), sparsity_m_by_n=(4, 2))
-    with pytest.raises(ValueError, match="quantize_config"):
-        tfmot.quantization.keras.quantize_annotate_layer(keras.layers.Dense(2),
-                                                         quantize_config=object())
     with pytest.raises(ValueError, match="scheme"):
         tfmot.quantization.keras.quantize_apply(_model(), scheme=object())
     with pytest.raises(ValueError, match="no marked layer"):
@@ -479,5 +476,5 @@ def test_tf_keras_scripts_get_tensorflow_model_optimization_itself(tmp_path):
         quantized = tfmot.quantization.keras.quantize_apply(annotated)
     assert any(type(layer).__name__ == "QuantizeWrapperV2" for layer in quantized.layers)
     # What kdist does not offer comes from tfmot, for tf_keras models.
-    quantizer = tfmot.quantization.keras.quantizers.LastValueQuantizer
-    assert quantizer.__module__.startswith("tensorflow_model_optimization")
+    clustering = tfmot.clustering.keras.cluster_weights
+    assert clustering.__module__.startswith("tensorflow_model_optimization")

@@ -18,9 +18,12 @@ from kdist._lazy import lazy_attributes as _lazy_attributes
 # Names load on first use: `import kdist.sparsity` (and registering kdist's classes
 # with Keras when it is imported) costs only the modules a script reaches.
 _LAZY = {
+    "AllValuesQuantizer": "kdist.sparsity.quantizers",
     "ConstantSparsity": "kdist.sparsity.schedules",
     "FixedType": "kdist.sparsity.fixed",
     "KernelWrapper": "kdist.sparsity.wrapping",
+    "LastValueQuantizer": "kdist.sparsity.quantizers",
+    "MovingAverageQuantizer": "kdist.sparsity.quantizers",
     "PolynomialDecay": "kdist.sparsity.schedules",
     "PrunableLayer": "kdist.sparsity.pruning",
     "PruneLowMagnitude": "kdist.sparsity.pruning",
@@ -28,6 +31,10 @@ _LAZY = {
     "PruningSummaries": "kdist.sparsity.callbacks",
     "QuantizeAnnotate": "kdist.sparsity.annotation",
     "QuantizeAware": "kdist.sparsity.quantization",
+    "QuantizeAwareActivation": "kdist.sparsity.configured",
+    "QuantizeConfig": "kdist.sparsity.configured",
+    "QuantizeWithConfig": "kdist.sparsity.configured",
+    "Quantizer": "kdist.sparsity.quantizers",
     "SyncQuantizeRanges": "kdist.sparsity.callbacks",
     "UpdatePruning": "kdist.sparsity.callbacks",
     "block_mask": "kdist.sparsity.patterns",
@@ -64,6 +71,10 @@ if _TYPE_CHECKING:  # what documentation tools and type checkers read; never run
         SyncQuantizeRanges,
         UpdatePruning,
         sparsity_of)
+    from kdist.sparsity.configured import (  # noqa: F401
+        QuantizeAwareActivation,
+        QuantizeConfig,
+        QuantizeWithConfig)
     from kdist.sparsity.export import (  # noqa: F401
         export_tflite,
         keras_int8,
@@ -83,6 +94,11 @@ if _TYPE_CHECKING:  # what documentation tools and type checkers read; never run
         fake_quantize,
         quantize,
         quantize_array)
+    from kdist.sparsity.quantizers import (  # noqa: F401
+        AllValuesQuantizer,
+        LastValueQuantizer,
+        MovingAverageQuantizer,
+        Quantizer)
     from kdist.sparsity.schedules import (  # noqa: F401
         ConstantSparsity,
         PolynomialDecay,
@@ -90,9 +106,11 @@ if _TYPE_CHECKING:  # what documentation tools and type checkers read; never run
     from kdist.sparsity.wrapping import KernelWrapper, strip  # noqa: F401
 
 __all__ = [
-    "ConstantSparsity", "FixedType", "KernelWrapper", "PolynomialDecay", "PrunableLayer",
+    "AllValuesQuantizer", "ConstantSparsity", "FixedType", "KernelWrapper",
+    "LastValueQuantizer", "MovingAverageQuantizer", "PolynomialDecay", "PrunableLayer",
     "PruneLowMagnitude", "PruningSchedule", "PruningSummaries", "QuantizeAnnotate",
-    "QuantizeAware", "SyncQuantizeRanges", "UpdatePruning", "block_mask", "compare_hls4ml",
+    "QuantizeAware", "QuantizeAwareActivation", "QuantizeConfig", "QuantizeWithConfig",
+    "Quantizer", "SyncQuantizeRanges", "UpdatePruning", "block_mask", "compare_hls4ml",
     "export_hls4ml", "export_quantized", "export_tflite", "fake_quantize", "keras_int8",
     "magnitude_mask", "n_of_m_mask", "predict_hls4ml", "prune", "pruned_layers",
     "quantize", "quantize_annotate_layer", "quantize_annotate_model", "quantize_apply",

@@ -3,28 +3,36 @@
 `quantize_annotate_layer` marks a layer; `quantize_apply` turns a model's
 marked layers into `QuantizeAware` ones and leaves the rest in float. This
 is tensorflow-model-optimization's two-step way of quantising part of a
-model; `quantize(model, skip=...)` does the same in one call.
+model; `quantize(model, skip=...)` does the same in one call. A layer
+marked with a `QuantizeConfig` is quantised as its config says instead
+(`QuantizeWithConfig`): that is how a custom layer, or a choice of
+quantizers other than kdist's, is quantised.
 """
 
 import keras
 
 from kdist import _keras_private
+from kdist.sparsity.configured import QuantizeWithConfig
 from kdist.sparsity.quantization import quantize
-from kdist.sparsity.wrapping import rewrite, wrapper_from_config, wrappers_in
+from kdist.sparsity.wrapping import (fresh_copy, kernel_variable, rewrite, wrapper_from_config,
+                                     wrappers_in)
 
 
 @keras.saving.register_keras_serializable(package="kdist")
 class QuantizeAnnotate(keras.layers.Wrapper):
-    """Marks its layer for `quantize_apply`; computes exactly what the layer does."""
+    """Marks its layer for `quantize_apply`; computes exactly what the layer does.
 
-    def __init__(self, layer, **kwargs):
+    `quantize_config`: a `QuantizeConfig` saying how to quantise the layer,
+    or None for kdist's own scheme.
+    """
+
+    def __init__(self, layer, quantize_config=None, **kwargs):
         kwargs.setdefault("name", f"quantize_annotate_{layer.name}")
         kwargs.setdefault("dtype", layer.dtype_policy)
         super().__init__(layer, **kwargs)
         self._input_shape_arg = (getattr(self, "_input_shape_arg", None)
                                  or getattr(layer, "_input_shape_arg", None))
-        # tfmot's attribute; kdist has one quantisation scheme and no configs.
-        self.quantize_config = None
+        self.quantize_config = _checked_config(quantize_config)
 
     def call(self, inputs, *args, **kwargs):
         return self.layer(inputs, *args, **kwargs)
@@ -32,22 +40,37 @@ class QuantizeAnnotate(keras.layers.Wrapper):
     def compute_output_shape(self, input_shape):
         return self.layer.compute_output_shape(input_shape)
 
+    copied_by_kdist = True
+
+    def object_arguments(self):
+        return {"quantize_config": self.quantize_config}
+
+    def get_config(self):
+        config = super().get_config()
+        config["quantize_config"] = keras.saving.serialize_keras_object(self.quantize_config)
+        return config
+
     @classmethod
     def from_config(cls, config, custom_objects=None):
+        config = dict(config)
+        if isinstance(config.get("quantize_config"), dict):
+            config["quantize_config"] = keras.saving.deserialize_keras_object(
+                config["quantize_config"], custom_objects=custom_objects)
         return wrapper_from_config(cls, config, custom_objects)
 
 
-def _no_config(quantize_config):
-    if quantize_config is not None:
-        raise ValueError(
-            "quantize_config is not supported: kdist quantises a layer's kernel (symmetric, "
-            "per channel) and its output, at the bit width given to quantize_apply. Leave "
-            "quantize_config out, or call kdist.sparsity.quantize(model, bits=..., "
-            "per_channel=..., activations=..., skip=...) for other choices.")
+def _checked_config(quantize_config):
+    if quantize_config is not None and not all(
+            callable(getattr(quantize_config, method, None))
+            for method in ("get_weights_and_quantizers", "get_activations_and_quantizers",
+                           "set_quantize_activations", "get_output_quantizers")):
+        raise TypeError(f"quantize_config must be a kdist.sparsity.QuantizeConfig; got "
+                        f"{type(quantize_config).__name__}.")
+    return quantize_config
 
 
 def quantize_annotate_layer(to_annotate, quantize_config=None):
-    """Marks one layer to be quantised by `quantize_apply`.
+    """Marks one layer to be quantised by `quantize_apply` (as `quantize_config` says).
 
     Example:
 
@@ -60,13 +83,12 @@ def quantize_annotate_layer(to_annotate, quantize_config=None):
         >>> [type(layer).__name__ for layer in quantized.layers]
         ['QuantizeAware', 'Dense']
     """
-    _no_config(quantize_config)
     if not isinstance(to_annotate, keras.layers.Layer) or isinstance(to_annotate, keras.Model):
         raise TypeError("quantize_annotate_layer() takes a layer (use quantize_annotate_model "
                         f"for a model); got {type(to_annotate).__name__}.")
     if isinstance(to_annotate, QuantizeAnnotate):
         return to_annotate
-    return QuantizeAnnotate(to_annotate)
+    return QuantizeAnnotate(to_annotate, quantize_config)
 
 
 def quantize_annotate_model(to_annotate):
@@ -78,7 +100,7 @@ def quantize_annotate_model(to_annotate):
     def replace(layer):
         if isinstance(layer, (QuantizeAnnotate, keras.layers.InputLayer)):
             return None
-        fresh = type(layer).from_config(layer.get_config())
+        fresh = fresh_copy(layer)
         return QuantizeAnnotate(fresh), fresh, layer.get_weights() if layer.built else None
 
     return rewrite(to_annotate, replace, "quantize_annotate_model")
@@ -87,7 +109,8 @@ def quantize_annotate_model(to_annotate):
 def quantize_apply(model, bits=8, per_channel=True, activations=True, preserve_sparsity=True):
     """Quantises the layers of `model` that were marked, as `quantize()` would.
 
-    Marked layers with a kernel become `QuantizeAware` (weights carried
+    Layers marked with a `QuantizeConfig` become `QuantizeWithConfig`; other
+    marked layers with a kernel become `QuantizeAware` (weights carried
     over); marked layers without one, and unmarked layers, stay in float.
 
     Args:
@@ -104,16 +127,23 @@ def quantize_apply(model, bits=8, per_channel=True, activations=True, preserve_s
         raise ValueError("quantize_apply() found no marked layer in this model: mark layers "
                          "with quantize_annotate_layer, or the whole model with "
                          "quantize_annotate_model.")
-    wanted = {wrapper.layer.name for wrapper in marked}
+    # Marked layers without a kernel (Flatten, pooling) stay in float.
+    wanted = {wrapper.layer.name for wrapper in marked if wrapper.quantize_config is None
+              and (kernel_variable(wrapper.layer) is not None or not wrapper.layer.built)}
 
     def unmark(layer):
         if not isinstance(layer, QuantizeAnnotate):
             return None
         inner = layer.layer
-        fresh = type(inner).from_config(inner.get_config())
-        return fresh, fresh, inner.get_weights() if inner.built else None
+        fresh = fresh_copy(inner)
+        weights = inner.get_weights() if inner.built else None
+        if layer.quantize_config is not None:
+            return QuantizeWithConfig(fresh, layer.quantize_config), fresh, weights
+        return fresh, fresh, weights
 
     plain = rewrite(model, unmark, "quantize_apply")
+    if not wanted:  # every marked layer has its own config, or nothing to quantise
+        return plain
     others = [layer.name for layer in _keras_private.flatten_layers(plain, include_self=False)
               if layer.name not in wanted]
     return quantize(plain, bits=bits, per_channel=per_channel, activations=activations,

@@ -59,11 +59,28 @@ def kernel_variable(layer):
     return targets[0] if targets else None
 
 
+def fresh_copy(layer):
+    """A new, unbuilt layer configured as `layer`.
+
+    A kdist wrapper copies the layer it wraps through that layer's own
+    class and keeps its object arguments (a `QuantizeConfig`) as they are,
+    so copying a model needs no registration of custom classes.
+    """
+    if getattr(layer, "copied_by_kdist", False):
+        config = layer.get_config()
+        config["layer"] = fresh_copy(layer.layer)
+        config.update(layer.object_arguments())
+        return type(layer).from_config(config)
+    return type(layer).from_config(layer.get_config())
+
+
 def wrapper_from_config(cls, config, custom_objects=None):
-    """A `cls` wrapper from its config, its wrapped layer deserialised first."""
+    """A `cls` wrapper from its config, its wrapped layer deserialised first (unless
+    the config holds the layer itself)."""
     config = dict(config)
-    config["layer"] = keras.saving.deserialize_keras_object(
-        config["layer"], custom_objects=custom_objects)
+    if not isinstance(config["layer"], keras.layers.Layer):
+        config["layer"] = keras.saving.deserialize_keras_object(
+            config["layer"], custom_objects=custom_objects)
     return cls(**config)
 
 
@@ -73,6 +90,8 @@ class KernelWrapper(keras.layers.Wrapper):
     A wrapper transforms each of its layer's `targets` (one kernel, or the
     input and recurrent kernels of a recurrent layer); `index` says which.
     """
+
+    copied_by_kdist = True
 
     def __init__(self, layer, **kwargs):
         kwargs.setdefault("dtype", layer.dtype_policy)
@@ -113,6 +132,10 @@ class KernelWrapper(keras.layers.Wrapper):
                              f"{self.base_layer.name} has none.")
         self.build_state(self.targets)
         self.built = True
+
+    def object_arguments(self):
+        """Constructor arguments that `fresh_copy` passes on as objects."""
+        return {}
 
     def build_state(self, targets):
         """Creates the wrapper's own variables once the target weights exist."""
@@ -230,7 +253,7 @@ def rewrite(model, replace, caller):
     def clone(layer):
         found = replace(layer)
         if found is None:
-            fresh = type(layer).from_config(layer.get_config())
+            fresh = fresh_copy(layer)
             found = (fresh, fresh, layer.get_weights() if layer.built else None)
         new, target, weights = found
         if weights is not None:
@@ -277,7 +300,7 @@ def wrap_layers(model, wrap, kind, skip, verb, recurrent=True):
         def replace(layer):
             if not wanted(layer):
                 return None
-            fresh = type(layer).from_config(layer.get_config())
+            fresh = fresh_copy(layer)
             chosen.append(layer.name)
             return wrap(fresh), fresh, layer.get_weights() if layer.built else None
 

@@ -1,0 +1,278 @@
+"""Quantisation chosen per layer: QuantizeConfig, quantizers, QuantizeWithConfig.
+
+The flows are those of tfmot's "experiment with quantization" guide
+(custom configs, custom layers, other bit widths, custom quantizers),
+on Keras 3 layers through `kdist.tfmot`.
+"""
+
+import keras
+import numpy as np
+import pytest
+
+import kdist
+import kdist.tfmot as tfmot
+from kdist.sparsity import (AllValuesQuantizer, LastValueQuantizer, MovingAverageQuantizer,
+                            QuantizeConfig)
+
+qk = tfmot.quantization.keras
+
+
+class KernelOnly(QuantizeConfig):
+    """A Dense kernel through a given quantizer; activations left in float."""
+
+    def __init__(self, bits=4):
+        self.bits = bits
+
+    def get_weights_and_quantizers(self, layer):
+        return [(layer.kernel, LastValueQuantizer(self.bits, False, True, False))]
+
+    def get_activations_and_quantizers(self, layer):
+        return []
+
+    def set_quantize_activations(self, layer, quantize_activations):
+        pass
+
+    def get_output_quantizers(self, layer):
+        return []
+
+    def get_config(self):
+        return {"bits": self.bits}
+
+
+class DenseAsTfmot(KernelOnly):
+    """tfmot's default for Dense: 8-bit kernel, output after the activation."""
+
+    def __init__(self, bits=8):
+        super().__init__(bits)
+
+    def get_activations_and_quantizers(self, layer):
+        return [(layer.activation, MovingAverageQuantizer(8, False, False, False))]
+
+    def set_quantize_weights(self, layer, quantize_weights):
+        # As tfmot's guide writes it; a Keras 3 Dense's kernel cannot be set, so this
+        # raises if it is ever called.
+        layer.kernel = quantize_weights[0]
+
+    def set_quantize_activations(self, layer, quantize_activations):
+        layer.activation = quantize_activations[0]
+
+
+class Clip(qk.quantizers.Quantizer):
+    def __call__(self, inputs, training, weights, **kwargs):
+        return keras.ops.clip(inputs, -0.1, 0.1)
+
+
+class ClipKernel(KernelOnly):
+    def get_weights_and_quantizers(self, layer):
+        return [(layer.kernel, Clip())]
+
+
+class ScaledDense(keras.layers.Dense):
+    """A user's layer: tfmot knows it only through a QuantizeConfig."""
+
+
+def _data(rows=256, seed=0):
+    x = np.random.default_rng(seed).normal(size=(rows, 10)).astype("float32")
+    return x, (x[:, 0] + 0.5 * x[:, 1] > 0).astype("int64")
+
+
+def _annotated(config, first=keras.layers.Dense, activation="relu", seed=0):
+    keras.utils.set_random_seed(seed)
+    return keras.Sequential([
+        keras.Input((10,)),
+        qk.quantize_annotate_layer(first(16, activation=activation, name="hidden"), config),
+        keras.layers.Dense(2, name="head")])
+
+
+def _fit(model, epochs=3):
+    model.compile(keras.optimizers.Adam(0.01),
+                  keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"])
+    x, y = _data()
+    model.fit(x, y, batch_size=32, epochs=epochs, verbose=0)
+    return model
+
+
+def _kernel_seen(model, name):
+    """The kernel layer `name` computes with, read off its outputs (bias and activation
+    removed): row i of the kernel is the layer's answer to the i-th unit vector."""
+    layer = model.get_layer(name)
+    probe = keras.Sequential([keras.Input((10,)), layer])
+    eye = np.eye(10, dtype="float32")
+    return probe.predict(eye, verbose=0) - probe.predict(np.zeros_like(eye), verbose=0)
+
+
+def test_a_config_chooses_the_bit_width_of_a_kernel():
+    annotated = _annotated(KernelOnly(bits=4), activation=None)
+    with qk.quantize_scope({"KernelOnly": KernelOnly}):
+        model = _fit(qk.quantize_apply(annotated))
+    wrapper = model.get_layer("quant_hidden")
+    assert isinstance(wrapper, kdist.sparsity.QuantizeWithConfig)
+    assert isinstance(wrapper, qk.QuantizeWrapper)
+    seen = _kernel_seen(model, "quant_hidden")
+    kernel = keras.ops.convert_to_numpy(wrapper.layer.kernel)
+    assert len(np.unique(np.round(seen, 6))) <= 16  # 4 bits
+    step = (kernel.max() - kernel.min()) / 15
+    assert np.max(np.abs(seen - kernel)) <= step  # near the float kernel
+    assert not np.allclose(seen, kernel)  # and not the float kernel itself
+    # The head was not annotated: it stays a plain Dense.
+    assert type(model.get_layer("head")) is keras.layers.Dense
+
+
+def test_a_tfmot_style_dense_config_trains_and_tracks_its_output_range():
+    with qk.quantize_scope({"DenseAsTfmot": DenseAsTfmot}):
+        model = qk.quantize_apply(_annotated(DenseAsTfmot()))
+    wrapper = model.get_layer("quant_hidden")
+    before = {v.name: float(v.numpy()) for v in wrapper.non_trainable_weights
+              if v.name.startswith("post_activation")}
+    assert before == {"post_activation_min": -6.0, "post_activation_max": 6.0}
+    history = _fit(model).history.history
+    assert history["accuracy"][-1] > 0.75  # chance is 0.5
+    after = {v.name: float(v.numpy()) for v in wrapper.non_trainable_weights
+             if v.name.startswith("post_activation")}
+    # A moving average with decay 0.999 from [-6, 6] towards a ReLU's [0, max]: the lower
+    # end rises towards 0 after 24 steps, but slowly.
+    assert -6.0 < after["post_activation_min"] < -5.5
+    # The kernel's own range follows the last batch's weights.
+    kernel = keras.ops.convert_to_numpy(wrapper.layer.kernel)
+    ranges = {v.name: v.numpy() for v in wrapper.non_trainable_weights}
+    assert ranges["kernel_max"] == pytest.approx(np.abs(kernel).max(), rel=0.02)
+
+
+def test_custom_layers_need_a_config_as_in_tfmot():
+    with pytest.raises(RuntimeError, match="QuantizeConfig"):
+        qk.quantize_apply(qk.quantize_annotate_model(keras.Sequential([
+            keras.Input((10,)), ScaledDense(4, name="mine")])))
+    with pytest.raises(RuntimeError, match="is not supported"):
+        qk.quantize_model(keras.Sequential([keras.Input((10,)), ScaledDense(4)]))
+    annotated = _annotated(DenseAsTfmot(), first=ScaledDense)
+    with qk.quantize_scope({"DenseAsTfmot": DenseAsTfmot, "ScaledDense": ScaledDense}):
+        model = qk.quantize_apply(qk.quantize_annotate_model(annotated))
+    assert isinstance(model.get_layer("quant_hidden").layer, ScaledDense)
+    # The head was annotated without a config: kdist's own scheme quantises it.
+    assert isinstance(model.get_layer("quantized_head"), kdist.sparsity.QuantizeAware)
+    assert _fit(model, epochs=2).history.history["loss"][-1] < 0.5
+
+
+def test_a_custom_quantizer_is_applied_to_the_weights():
+    with qk.quantize_scope({"ClipKernel": ClipKernel, "Clip": Clip}):
+        model = _fit(qk.quantize_apply(_annotated(ClipKernel(), activation=None)), epochs=1)
+    seen = _kernel_seen(model, "quant_hidden")
+    kernel = keras.ops.convert_to_numpy(model.get_layer("quant_hidden").layer.kernel)
+    np.testing.assert_allclose(seen, np.clip(kernel, -0.1, 0.1), atol=1e-5)
+    assert np.abs(kernel).max() > 0.1  # the float kernel itself is not clipped
+
+
+def test_a_model_with_configs_saves_and_loads_in_the_scope(tmp_path):
+    scope = {"DenseAsTfmot": DenseAsTfmot}
+    with qk.quantize_scope(scope):
+        model = _fit(qk.quantize_apply(_annotated(DenseAsTfmot())), epochs=1)
+    x, _ = _data(32, seed=1)
+    expected = model.predict(x, verbose=0)
+    path = tmp_path / "qat.keras"
+    model.save(path)
+    with qk.quantize_scope(scope):
+        loaded = keras.models.load_model(path)
+    np.testing.assert_allclose(loaded.predict(x, verbose=0), expected, rtol=1e-5, atol=1e-6)
+    # Saved with its plain activation; the loaded layer quantises it again.
+    saved = loaded.get_layer("quant_hidden").get_config()
+    assert saved["layer"]["config"]["activation"] == "relu"
+    assert type(loaded.get_layer("quant_hidden").layer.activation).__name__ == (
+        "QuantizeAwareActivation")
+
+
+def test_quantize_model_layers_answer_to_tfmot_wrapper_names():
+    keras.utils.set_random_seed(0)
+    model = qk.quantize_model(keras.Sequential([keras.Input((10,)), keras.layers.Dense(4)]))
+    assert isinstance(model.layers[0], qk.QuantizeWrapper)
+    assert isinstance(model.layers[0], qk.QuantizeWrapperV2)
+    assert not isinstance(keras.layers.Dense(2), qk.QuantizeWrapper)
+
+
+def test_configs_that_name_what_is_not_there_are_refused():
+    class Foreign(KernelOnly):
+        def get_weights_and_quantizers(self, layer):
+            return [(keras.Variable(np.zeros((10, 16), "float32")),
+                     LastValueQuantizer(8, False, True, False))]
+
+    with pytest.raises(ValueError, match="must name variables of"):
+        kdist.sparsity.QuantizeWithConfig(keras.layers.Dense(16), Foreign()).build((None, 10))
+
+    class OddActivation(DenseAsTfmot):
+        def get_activations_and_quantizers(self, layer):
+            return [(lambda x: x * 2, MovingAverageQuantizer(8, False, False, False))]
+
+    with pytest.raises(ValueError, match="cannot be quantised by name"):
+        kdist.sparsity.QuantizeWithConfig(keras.layers.Dense(16), OddActivation()).build(
+            (None, 10))
+    with pytest.raises(TypeError, match="must be a QuantizeConfig"):
+        kdist.sparsity.QuantizeWithConfig(keras.layers.Dense(4), object())
+    with pytest.raises(TypeError, match="kdist.sparsity.QuantizeConfig"):
+        qk.quantize_annotate_layer(keras.layers.Dense(4), quantize_config="8bit")
+    with pytest.raises(ValueError, match="cannot be None"):
+        kdist.sparsity.QuantizeWithConfig(keras.layers.Dense(4), None)
+    with pytest.raises(TypeError, match="abstract"):
+        QuantizeConfig()
+
+
+@pytest.mark.parametrize("bits", [1, 17, 2.5])
+def test_quantizers_refuse_bit_widths_they_cannot_hold(bits):
+    with pytest.raises((ValueError, TypeError), match="num_bits"):
+        LastValueQuantizer(bits, False, False, False)
+
+
+def _ranges(quantizer, batches, shape=(4,)):
+    holder = keras.layers.Layer()
+    variables = quantizer.build(shape, "t", holder)
+    for batch in batches:
+        quantizer(keras.ops.convert_to_tensor(np.asarray(batch, "float32")), True, variables)
+    return (keras.ops.convert_to_numpy(variables["min_var"]),
+            keras.ops.convert_to_numpy(variables["max_var"]))
+
+
+def test_the_three_quantizers_move_their_ranges_as_documented():
+    batches = [[-1.0, 0.5, 2.0, 1.0], [0.5, 0.25, 1.0, 0.75]]
+    # Last value: the last batch's range, widened to hold zero.
+    low, high = _ranges(LastValueQuantizer(8, False, False, False), batches)
+    assert (low, high) == (0.0, 1.0)
+    # All values: the widest range since [0, 0].
+    low, high = _ranges(AllValuesQuantizer(8, False, False, False), batches)
+    assert (low, high) == (-1.0, 2.0)
+    # Moving average: 0.1 % of the way from [-6, 6] per batch.
+    low, high = _ranges(MovingAverageQuantizer(8, False, False, False), batches[:1])
+    assert low == pytest.approx(-6 * 0.999 - 0.001) and high == pytest.approx(6 * 0.999 + 0.002)
+    # Symmetric: centred on zero, one extra step below it unless narrow.
+    low, high = _ranges(LastValueQuantizer(8, False, True, False), batches[:1])
+    assert high == 2.0 and low == pytest.approx(-2.0 * 256 / 254)
+    low, high = _ranges(LastValueQuantizer(8, False, True, True), batches[:1])
+    assert (low, high) == (-2.0, 2.0)
+    # Per axis: one range per entry of the last axis.
+    low, high = _ranges(LastValueQuantizer(8, True, False, False),
+                        [[[1.0, -2.0], [3.0, 4.0]]], shape=(2, 2))
+    assert low.tolist() == [0.0, -2.0] and high.tolist() == [3.0, 4.0]
+
+
+def test_quantizers_round_to_their_grid_and_compare_by_config():
+    quantizer = LastValueQuantizer(3, False, False, False)
+    holder = keras.layers.Layer()
+    variables = quantizer.build((5,), "t", holder)
+    values = np.array([0.0, 0.3, 1.0, 2.2, 7.0], "float32")
+    quantized = keras.ops.convert_to_numpy(quantizer(values, True, variables))
+    # 3 bits over [0, 7]: steps of 1.
+    assert quantized.tolist() == [0.0, 0.0, 1.0, 2.0, 7.0]
+    assert quantizer == LastValueQuantizer(3, False, False, False)
+    assert quantizer != LastValueQuantizer(4, False, False, False)
+    assert quantizer != MovingAverageQuantizer(3, False, False, False)
+    restored = keras.saving.deserialize_keras_object(
+        keras.saving.serialize_keras_object(quantizer))
+    assert restored == quantizer
+
+
+def test_layers_marked_without_a_kernel_stay_in_float_beside_configured_ones():
+    annotated = qk.quantize_annotate_model(keras.Sequential([
+        keras.Input((10,)),
+        qk.quantize_annotate_layer(keras.layers.Dense(8, name="hidden"), DenseAsTfmot()),
+        keras.layers.Flatten(name="flat")]))
+    with qk.quantize_scope({"DenseAsTfmot": DenseAsTfmot}):
+        model = qk.quantize_apply(annotated)
+    assert [type(layer).__name__ for layer in model.layers] == ["QuantizeWithConfig", "Flatten"]
