@@ -20,8 +20,7 @@ script runs on Keras 3 after changing its import line:
 A tf_keras model, layer or callback's model is handed to
 tensorflow-model-optimization itself (extra `tfmot`), so a script that
 still builds tf_keras models runs too. For Keras 3 models, what kdist does
-differently is said where it matters: quantisation wrappers' names
-(`quantized_<name>`), one scheme for layers without a `QuantizeConfig`
+differently is said where it matters: one scheme for layers without a `QuantizeConfig`
 (8-bit symmetric per-channel weights and moving-average output ranges),
 configs' `set_quantize_weights` never called, and no pruning policies.
 """
@@ -215,8 +214,7 @@ def quantize_model(to_quantize, quantized_layer_name_prefix="quant_"):
     """tfmot's `quantize_model`: every layer with a kernel trained in 8 bits.
 
     See `kdist.sparsity.quantize`. A pruned model (stripped or not) keeps its
-    zeros. `quantized_layer_name_prefix` applies to tf_keras models, which
-    go to tfmot; kdist names its wrappers `quantized_<layer>`.
+    zeros. Wrappers are named `<quantized_layer_name_prefix><layer>`.
     """
     real = _real(to_quantize)
     if real is not None:
@@ -226,7 +224,7 @@ def quantize_model(to_quantize, quantized_layer_name_prefix="quant_"):
     _check_flat(to_quantize, "to_quantize")
     _check_built(to_quantize, "to_quantize")
     _check_quantizable(to_quantize.layers)
-    return _sparsity.quantize(to_quantize)
+    return _sparsity.quantize(to_quantize, name_prefix=quantized_layer_name_prefix)
 
 
 def quantize_annotate_layer(to_annotate, quantize_config=None):
@@ -271,7 +269,7 @@ def quantize_apply(model, scheme=None, quantized_layer_name_prefix="quant_"):
                          "ranges); leave scheme out, and give a layer other quantizers with "
                          "quantize_annotate_layer(layer, quantize_config).")
     _check_quantizable(_wrapping.wrappers_in(model, _annotation.QuantizeAnnotate))
-    return _annotation.quantize_apply(model)
+    return _annotation.quantize_apply(model, name_prefix=quantized_layer_name_prefix)
 
 
 class UpdatePruningStep(_sparsity.UpdatePruning):

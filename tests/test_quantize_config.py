@@ -150,7 +150,7 @@ def test_custom_layers_need_a_config_as_in_tfmot():
         model = qk.quantize_apply(qk.quantize_annotate_model(annotated))
     assert isinstance(model.get_layer("quant_hidden").layer, ScaledDense)
     # The head was annotated without a config: kdist's own scheme quantises it.
-    assert isinstance(model.get_layer("quantized_head"), kdist.sparsity.QuantizeAware)
+    assert isinstance(model.get_layer("quant_head"), kdist.sparsity.QuantizeAware)
     assert _fit(model, epochs=2).history.history["loss"][-1] < 0.5
 
 
@@ -181,12 +181,18 @@ def test_a_model_with_configs_saves_and_loads_in_the_scope(tmp_path):
         "QuantizeAwareActivation")
 
 
-def test_quantize_model_layers_answer_to_tfmot_wrapper_names():
+def test_quantize_model_layers_answer_to_tfmot_wrapper_names_and_prefixes():
     keras.utils.set_random_seed(0)
-    model = qk.quantize_model(keras.Sequential([keras.Input((10,)), keras.layers.Dense(4)]))
+    plain = keras.Sequential([keras.Input((10,)), keras.layers.Dense(4, name="d")])
+    model = qk.quantize_model(plain)
     assert isinstance(model.layers[0], qk.QuantizeWrapper)
     assert isinstance(model.layers[0], qk.QuantizeWrapperV2)
     assert not isinstance(keras.layers.Dense(2), qk.QuantizeWrapper)
+    assert model.layers[0].name == "quant_d"
+    assert qk.quantize_model(plain, quantized_layer_name_prefix="q8_").layers[0].name == "q8_d"
+    annotated = qk.quantize_annotate_model(plain)
+    assert qk.quantize_apply(annotated, quantized_layer_name_prefix=None).layers[0].name == "d"
+    assert kdist.sparsity.quantize(plain).layers[0].name == "quantized_d"
 
 
 def test_configs_that_name_what_is_not_there_are_refused():

@@ -106,7 +106,8 @@ def quantize_annotate_model(to_annotate):
     return rewrite(to_annotate, replace, "quantize_annotate_model")
 
 
-def quantize_apply(model, bits=8, per_channel=True, activations=True, preserve_sparsity=True):
+def quantize_apply(model, bits=8, per_channel=True, activations=True, preserve_sparsity=True,
+                   name_prefix="quantized_"):
     """Quantises the layers of `model` that were marked, as `quantize()` would.
 
     Layers marked with a `QuantizeConfig` become `QuantizeWithConfig`; other
@@ -119,6 +120,7 @@ def quantize_apply(model, bits=8, per_channel=True, activations=True, preserve_s
         per_channel: see `QuantizeAware`.
         activations: see `QuantizeAware`.
         preserve_sparsity: see `QuantizeAware`.
+        name_prefix: wrappers are named `<name_prefix><layer name>`.
     """
     if not isinstance(model, keras.Model):
         raise TypeError(f"quantize_apply() takes a Keras model; got {type(model).__name__}.")
@@ -138,7 +140,8 @@ def quantize_apply(model, bits=8, per_channel=True, activations=True, preserve_s
         fresh = fresh_copy(inner)
         weights = inner.get_weights() if inner.built else None
         if layer.quantize_config is not None:
-            return QuantizeWithConfig(fresh, layer.quantize_config), fresh, weights
+            return (QuantizeWithConfig(fresh, layer.quantize_config, name_prefix=name_prefix),
+                    fresh, weights)
         return fresh, fresh, weights
 
     plain = rewrite(model, unmark, "quantize_apply")
@@ -147,4 +150,4 @@ def quantize_apply(model, bits=8, per_channel=True, activations=True, preserve_s
     others = [layer.name for layer in _keras_private.flatten_layers(plain, include_self=False)
               if layer.name not in wanted]
     return quantize(plain, bits=bits, per_channel=per_channel, activations=activations,
-                    preserve_sparsity=preserve_sparsity, skip=others)
+                    preserve_sparsity=preserve_sparsity, skip=others, name_prefix=name_prefix)

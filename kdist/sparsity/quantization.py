@@ -215,7 +215,7 @@ class QuantizeAware(KernelWrapper):
 
 
 def quantize(model, bits=8, per_channel=True, activations=True, preserve_sparsity=True,
-             skip=(), fixed_point=False):
+             skip=(), fixed_point=False, name_prefix="quantized_"):
     """Wraps every layer with a kernel in `QuantizeAware` for fake-quant training.
 
     Works on a pruned model too (pruning goes on, and the kernel stays on the
@@ -231,6 +231,7 @@ def quantize(model, bits=8, per_channel=True, activations=True, preserve_sparsit
         preserve_sparsity: see `QuantizeAware`.
         fixed_point: see `QuantizeAware`.
         skip: layer names or classes to leave in float.
+        name_prefix: each wrapper is named `<name_prefix><layer name>`.
 
     Example:
 
@@ -250,7 +251,12 @@ def quantize(model, bits=8, per_channel=True, activations=True, preserve_sparsit
         return bridge.quantize(model, bits, per_channel, activations)
     options = dict(bits=bits, per_channel=per_channel, activations=activations,
                    preserve_sparsity=preserve_sparsity, fixed_point=fixed_point)
-    quantized = wrap_layers(model, lambda layer: QuantizeAware(layer, **options), QuantizeAware,
+    prefix = "" if name_prefix is None else str(name_prefix)
+
+    def wrap(layer):
+        return QuantizeAware(layer, name=f"{prefix}{layer.name}", **options)
+
+    quantized = wrap_layers(model, wrap, QuantizeAware,
                             skip, "quantize", recurrent=False)
     if preserve_sparsity:
         for wrapper in wrappers_in(quantized, QuantizeAware):
