@@ -37,6 +37,7 @@ from kdist.sparsity import annotation as _annotation
 from kdist.sparsity import bridge as _bridge
 from kdist.sparsity import configured as _configured
 from kdist.sparsity import quantizers as _quantizers
+from kdist.sparsity import weightless as _weightless
 from kdist.sparsity import wrapping as _wrapping
 
 __all__ = ["quantization", "sparsity"]
@@ -167,6 +168,23 @@ def _check_quantizable(layers):
             "instance to the quantize_annotate_layer API.")
 
 
+def _with_weightless_configs(model):
+    """`model` with its marked layers that have no weights given tfmot's treatment: their
+    outputs quantised (pooling, Add, ReLU, ...) or nothing (Reshape, Dropout, ...)."""
+
+    def configure(layer):
+        if not isinstance(layer, _annotation.QuantizeAnnotate) or (
+                layer.quantize_config is not None or layer.layer.weights):
+            return None
+        config = _weightless.weightless_config(layer.layer)
+        if config is None:
+            return None
+        fresh = _wrapping.fresh_copy(layer.layer)
+        return _annotation.QuantizeAnnotate(fresh, config), fresh, None
+
+    return _wrapping.rewrite(model, configure, "quantize_apply")
+
+
 def strip_pruning(model):
     """tfmot's `strip_pruning`: the model without its wrappers (`kdist.sparsity.strip`).
 
@@ -224,7 +242,9 @@ def quantize_model(to_quantize, quantized_layer_name_prefix="quant_"):
     _check_flat(to_quantize, "to_quantize")
     _check_built(to_quantize, "to_quantize")
     _check_quantizable(to_quantize.layers)
-    return _sparsity.quantize(to_quantize, name_prefix=quantized_layer_name_prefix)
+    annotated = _annotation.quantize_annotate_model(to_quantize)
+    return _annotation.quantize_apply(_with_weightless_configs(annotated),
+                                      name_prefix=quantized_layer_name_prefix)
 
 
 def quantize_annotate_layer(to_annotate, quantize_config=None):
@@ -269,7 +289,8 @@ def quantize_apply(model, scheme=None, quantized_layer_name_prefix="quant_"):
                          "ranges); leave scheme out, and give a layer other quantizers with "
                          "quantize_annotate_layer(layer, quantize_config).")
     _check_quantizable(_wrapping.wrappers_in(model, _annotation.QuantizeAnnotate))
-    return _annotation.quantize_apply(model, name_prefix=quantized_layer_name_prefix)
+    return _annotation.quantize_apply(_with_weightless_configs(model),
+                                      name_prefix=quantized_layer_name_prefix)
 
 
 class UpdatePruningStep(_sparsity.UpdatePruning):

@@ -274,11 +274,83 @@ def test_quantizers_round_to_their_grid_and_compare_by_config():
     assert restored == quantizer
 
 
-def test_layers_marked_without_a_kernel_stay_in_float_beside_configured_ones():
+def test_marked_layers_without_weights_beside_configured_ones():
     annotated = qk.quantize_annotate_model(keras.Sequential([
         keras.Input((10,)),
         qk.quantize_annotate_layer(keras.layers.Dense(8, name="hidden"), DenseAsTfmot()),
         keras.layers.Flatten(name="flat")]))
     with qk.quantize_scope({"DenseAsTfmot": DenseAsTfmot}):
         model = qk.quantize_apply(annotated)
-    assert [type(layer).__name__ for layer in model.layers] == ["QuantizeWithConfig", "Flatten"]
+        own = kdist.sparsity.quantize_apply(annotated)
+    # Through kdist.tfmot, as in tfmot: wrapped, with nothing to quantise.
+    assert [type(layer).__name__ for layer in model.layers] == ["QuantizeWithConfig"] * 2
+    assert model.layers[1].weights == []
+    # kdist's own quantize_apply leaves it in float.
+    assert [type(layer).__name__ for layer in own.layers] == ["QuantizeWithConfig", "Flatten"]
+
+
+def _conv_model(seed=0):
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((8, 8, 3))
+    x = keras.layers.Conv2D(4, 3, padding="same", name="conv")(inputs)
+    x = keras.layers.ReLU(name="relu")(x)
+    kept = keras.layers.MaxPooling2D(name="max")(x)
+    averaged = keras.layers.AveragePooling2D(2, name="mean")(x)
+    x = keras.layers.Add(name="add")([kept, averaged])
+    x = keras.layers.Flatten(name="flat")(x)
+    x = keras.layers.Dropout(0.1, name="drop")(x)
+    outputs = keras.layers.Dense(2, name="head")(x)
+    return keras.Model(inputs, outputs)
+
+
+def test_quantize_model_treats_layers_without_weights_as_tfmot_does():
+    model = qk.quantize_model(_conv_model())
+    kinds = {layer.name: type(layer).__name__ for layer in model.layers[1:]}
+    assert kinds == {"quant_conv": "QuantizeAware", "quant_relu": "QuantizeWithConfig",
+                     "quant_max": "QuantizeWithConfig", "quant_mean": "QuantizeWithConfig",
+                     "quant_add": "QuantizeWithConfig", "quant_flat": "QuantizeWithConfig",
+                     "quant_drop": "QuantizeWithConfig", "quant_head": "QuantizeAware"}
+    assert all(isinstance(layer, qk.QuantizeWrapper) for layer in model.layers[1:])
+
+    def output_ranges(name):
+        return sorted(v.name for v in model.get_layer(name).non_trainable_weights)
+
+    # Values computed anew are requantised; values only moved or picked are not.
+    for name in ("quant_relu", "quant_mean", "quant_add"):
+        assert output_ranges(name) == ["output_max", "output_min"]
+    for name in ("quant_max", "quant_flat", "quant_drop"):
+        assert output_ranges(name) == []
+    x = np.random.default_rng(0).random((64, 8, 8, 3)).astype("float32")
+    y = (x.mean(axis=(1, 2, 3)) > 0.5).astype("int64")
+    model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.fit(x, y, batch_size=16, epochs=1, verbose=0)
+    relu = {v.name: float(v.numpy()) for v in model.get_layer("quant_relu").non_trainable_weights}
+    assert -6.0 < relu["output_min"] and relu["output_max"] < 6.0  # moved towards [0, max]
+    # The ReLU's output lies on its 8-bit grid at inference.
+    probe = keras.Model(model.inputs, model.get_layer("quant_relu").output)
+    values = probe.predict(x[:4], verbose=0)
+    low, high = relu["output_min"], relu["output_max"]
+    assert len(np.unique(values)) <= 256 and values.min() >= low - 1e-6
+    plain = kdist.sparsity.strip(model)
+    assert [type(layer).__name__ for layer in plain.layers[1:]] == [
+        "Conv2D", "ReLU", "MaxPooling2D", "AveragePooling2D", "Add", "Flatten", "Dropout",
+        "Dense"]
+
+
+def test_a_model_of_weightless_layers_alone_is_quantised():
+    model = qk.quantize_model(keras.Sequential([keras.Input((4,)), keras.layers.ReLU()]))
+    assert [type(layer).__name__ for layer in model.layers] == ["QuantizeWithConfig"]
+
+
+def test_strip_gives_configured_layers_their_quantised_weights_and_plain_activations():
+    with qk.quantize_scope({"DenseAsTfmot": DenseAsTfmot}):
+        model = _fit(qk.quantize_apply(_annotated(DenseAsTfmot(bits=3))), epochs=1)
+    plain = kdist.sparsity.strip(model)
+    hidden = plain.get_layer("hidden")
+    assert type(hidden) is keras.layers.Dense and hidden.activation.__name__ == "relu"
+    kernel = keras.ops.convert_to_numpy(hidden.kernel)
+    assert len(np.unique(kernel)) <= 8  # 3 bits
+    x, _ = _data(16, seed=2)
+    # Without activation quantisation the two differ only by the output's rounding.
+    np.testing.assert_allclose(plain.predict(x, verbose=0), model.predict(x, verbose=0),
+                               atol=0.1)

@@ -217,6 +217,21 @@ class QuantizeWithConfig(keras.layers.Wrapper):
     def compute_output_shape(self, input_shape):
         return self.layer.compute_output_shape(input_shape)
 
+    @property
+    def base_layer(self):
+        return self.layer
+
+    def stripped_layer(self):
+        """A new plain layer configured as the wrapped one, with its plain activations."""
+        return type(self.layer).from_config(self.get_config()["layer"]["config"])
+
+    def strip_weights(self):
+        """The layer's weights, those the config quantises as inference sees them."""
+        seen = {id(weight): quantizer(weight.value, False, variables)
+                for weight, quantizer, variables in self._weight_quantizers}
+        return [keras.ops.convert_to_numpy(seen.get(id(weight), weight.value))
+                for weight in self.layer.weights]
+
     def get_config(self):
         # The layer is saved with its plain activations; the config puts the
         # quantising ones back when the loaded wrapper is built.

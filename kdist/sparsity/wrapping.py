@@ -344,7 +344,7 @@ def strip(model):
     """
     if bridge.is_tf_keras(model):
         return bridge.strip(model)
-    if isinstance(model, KernelWrapper):
+    if hasattr(model, "strip_weights"):  # a KernelWrapper or a QuantizeWithConfig
         base = model.base_layer
         layer = model.stripped_layer()
         if model.built:
@@ -356,7 +356,7 @@ def strip(model):
                         f"got {type(model).__name__}.")
 
     def replace(layer):
-        if not isinstance(layer, KernelWrapper):
+        if not hasattr(layer, "strip_weights"):
             return None
         fresh = layer.stripped_layer()
         return fresh, fresh, layer.strip_weights() if layer.built else None
