@@ -87,6 +87,19 @@ def producing_layer_name(tensor):
     return None if history is None else history.operation.name
 
 
+def inbound_tensors(layer):
+    """The symbolic tensors `layer` has been called on, in every model it is part of.
+
+    Relies on `Layer._inbound_nodes` and `Node.input_tensors`.
+    """
+    import keras
+
+    tensors = []
+    for node in getattr(layer, "_inbound_nodes", []):
+        tensors.extend(keras.tree.flatten(node.input_tensors))
+    return tensors
+
+
 def is_loss_scale_finite_check(fn):
     """Whether `fn`, run through a strategy, is Keras's loss-scale optimizer checking its
     gradients for overflow (which every rank must decide alike).

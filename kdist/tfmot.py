@@ -36,6 +36,7 @@ from kdist import sparsity as _sparsity
 from kdist.sparsity import annotation as _annotation
 from kdist.sparsity import bridge as _bridge
 from kdist.sparsity import configured as _configured
+from kdist.sparsity import inputs as _inputs
 from kdist.sparsity import quantizers as _quantizers
 from kdist.sparsity import weightless as _weightless
 from kdist.sparsity import wrapping as _wrapping
@@ -202,7 +203,9 @@ def _scope(extra, real_scope):
         _sparsity.PruneLowMagnitude, _sparsity.QuantizeAware, _annotation.QuantizeAnnotate,
         _sparsity.ConstantSparsity, _sparsity.PolynomialDecay, _configured.QuantizeWithConfig,
         _configured.QuantizeAwareActivation, _quantizers.LastValueQuantizer,
-        _quantizers.MovingAverageQuantizer, _quantizers.AllValuesQuantizer)}
+        _quantizers.MovingAverageQuantizer, _quantizers.AllValuesQuantizer,
+        _quantizers.FixedQuantizer, _inputs.QuantizeLayer, _inputs.FixedRangeConfig,
+        _weightless.OutputQuantizeConfig, _weightless.NoQuantizeConfig)}
     for entry in extra:
         if not isinstance(entry, dict):
             raise TypeError(f"quantize_scope takes dicts of custom objects; got {entry!r}.")
@@ -243,8 +246,8 @@ def quantize_model(to_quantize, quantized_layer_name_prefix="quant_"):
     _check_built(to_quantize, "to_quantize")
     _check_quantizable(to_quantize.layers)
     annotated = _annotation.quantize_annotate_model(to_quantize)
-    return _annotation.quantize_apply(_with_weightless_configs(annotated),
-                                      name_prefix=quantized_layer_name_prefix)
+    return _inputs.quantize_inputs(_annotation.quantize_apply(
+        _with_weightless_configs(annotated), name_prefix=quantized_layer_name_prefix))
 
 
 def quantize_annotate_layer(to_annotate, quantize_config=None):
@@ -289,8 +292,8 @@ def quantize_apply(model, scheme=None, quantized_layer_name_prefix="quant_"):
                          "ranges); leave scheme out, and give a layer other quantizers with "
                          "quantize_annotate_layer(layer, quantize_config).")
     _check_quantizable(_wrapping.wrappers_in(model, _annotation.QuantizeAnnotate))
-    return _annotation.quantize_apply(_with_weightless_configs(model),
-                                      name_prefix=quantized_layer_name_prefix)
+    return _inputs.quantize_inputs(_annotation.quantize_apply(
+        _with_weightless_configs(model), name_prefix=quantized_layer_name_prefix))
 
 
 class UpdatePruningStep(_sparsity.UpdatePruning):
@@ -442,6 +445,8 @@ quantization = _namespace("quantization", "tfmot.quantization over kdist.sparsit
     quantize_apply=quantize_apply,
     quantize_scope=quantize_scope,
     QuantizeConfig=_configured.QuantizeConfig,
+    fix_input_output_range=_inputs.fix_input_output_range,
+    remove_input_range=_inputs.remove_input_range,
     # What quantize_apply wraps layers in, under tfmot's two names for it.
     QuantizeWrapper=QuantizeWrapper,
     QuantizeWrapperV2=QuantizeWrapper,
@@ -451,4 +456,5 @@ quantization = _namespace("quantization", "tfmot.quantization over kdist.sparsit
         Quantizer=_quantizers.Quantizer,
         LastValueQuantizer=_quantizers.LastValueQuantizer,
         MovingAverageQuantizer=_quantizers.MovingAverageQuantizer,
-        AllValuesQuantizer=_quantizers.AllValuesQuantizer)))
+        AllValuesQuantizer=_quantizers.AllValuesQuantizer,
+        FixedQuantizer=_quantizers.FixedQuantizer)))

@@ -185,13 +185,14 @@ def test_quantize_model_layers_answer_to_tfmot_wrapper_names_and_prefixes():
     keras.utils.set_random_seed(0)
     plain = keras.Sequential([keras.Input((10,)), keras.layers.Dense(4, name="d")])
     model = qk.quantize_model(plain)
-    assert isinstance(model.layers[0], qk.QuantizeWrapper)
-    assert isinstance(model.layers[0], qk.QuantizeWrapperV2)
+    assert model.layers[0].name == "quantize_layer"  # the input's quantizer
+    assert isinstance(model.layers[1], qk.QuantizeWrapper)
+    assert isinstance(model.layers[1], qk.QuantizeWrapperV2)
     assert not isinstance(keras.layers.Dense(2), qk.QuantizeWrapper)
-    assert model.layers[0].name == "quant_d"
-    assert qk.quantize_model(plain, quantized_layer_name_prefix="q8_").layers[0].name == "q8_d"
+    assert model.layers[1].name == "quant_d"
+    assert qk.quantize_model(plain, quantized_layer_name_prefix="q8_").layers[1].name == "q8_d"
     annotated = qk.quantize_annotate_model(plain)
-    assert qk.quantize_apply(annotated, quantized_layer_name_prefix=None).layers[0].name == "d"
+    assert qk.quantize_apply(annotated, quantized_layer_name_prefix=None).layers[1].name == "d"
     assert kdist.sparsity.quantize(plain).layers[0].name == "quantized_d"
 
 
@@ -283,8 +284,9 @@ def test_marked_layers_without_weights_beside_configured_ones():
         model = qk.quantize_apply(annotated)
         own = kdist.sparsity.quantize_apply(annotated)
     # Through kdist.tfmot, as in tfmot: wrapped, with nothing to quantise.
-    assert [type(layer).__name__ for layer in model.layers] == ["QuantizeWithConfig"] * 2
-    assert model.layers[1].weights == []
+    assert [type(layer).__name__ for layer in model.layers] == [
+        "QuantizeLayer", "QuantizeWithConfig", "QuantizeWithConfig"]
+    assert model.layers[2].weights == []
     # kdist's own quantize_apply leaves it in float.
     assert [type(layer).__name__ for layer in own.layers] == ["QuantizeWithConfig", "Flatten"]
 
@@ -306,11 +308,11 @@ def _conv_model(seed=0):
 def test_quantize_model_treats_layers_without_weights_as_tfmot_does():
     model = qk.quantize_model(_conv_model())
     kinds = {layer.name: type(layer).__name__ for layer in model.layers[1:]}
-    assert kinds == {"quant_conv": "QuantizeAware", "quant_relu": "QuantizeWithConfig",
+    assert kinds == {"quantize_layer": "QuantizeLayer", "quant_conv": "QuantizeAware", "quant_relu": "QuantizeWithConfig",
                      "quant_max": "QuantizeWithConfig", "quant_mean": "QuantizeWithConfig",
                      "quant_add": "QuantizeWithConfig", "quant_flat": "QuantizeWithConfig",
                      "quant_drop": "QuantizeWithConfig", "quant_head": "QuantizeAware"}
-    assert all(isinstance(layer, qk.QuantizeWrapper) for layer in model.layers[1:])
+    assert all(isinstance(layer, qk.QuantizeWrapper) for layer in model.layers[2:])
 
     def output_ranges(name):
         return sorted(v.name for v in model.get_layer(name).non_trainable_weights)
@@ -333,13 +335,14 @@ def test_quantize_model_treats_layers_without_weights_as_tfmot_does():
     assert len(np.unique(values)) <= 256 and values.min() >= low - 1e-6
     plain = kdist.sparsity.strip(model)
     assert [type(layer).__name__ for layer in plain.layers[1:]] == [
-        "Conv2D", "ReLU", "MaxPooling2D", "AveragePooling2D", "Add", "Flatten", "Dropout",
+        "QuantizeLayer", "Conv2D", "ReLU", "MaxPooling2D", "AveragePooling2D", "Add", "Flatten", "Dropout",
         "Dense"]
 
 
 def test_a_model_of_weightless_layers_alone_is_quantised():
     model = qk.quantize_model(keras.Sequential([keras.Input((4,)), keras.layers.ReLU()]))
-    assert [type(layer).__name__ for layer in model.layers] == ["QuantizeWithConfig"]
+    assert [type(layer).__name__ for layer in model.layers] == [
+        "QuantizeLayer", "QuantizeWithConfig"]
 
 
 def test_strip_gives_configured_layers_their_quantised_weights_and_plain_activations():
@@ -354,3 +357,71 @@ def test_strip_gives_configured_layers_their_quantised_weights_and_plain_activat
     # Without activation quantisation the two differ only by the output's rounding.
     np.testing.assert_allclose(plain.predict(x, verbose=0), model.predict(x, verbose=0),
                                atol=0.1)
+
+
+def test_inputs_are_quantised_and_their_ranges_can_be_fixed_or_removed():
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((10,), name="pixels")
+    hidden = keras.layers.Dense(16, activation="relu", name="hidden")(inputs)
+    outputs = keras.layers.Dense(2, activation="softmax", name="probabilities")(hidden)
+    model = qk.quantize_model(keras.Model(inputs, outputs))
+    reader = model.get_layer("quantize_layer")
+    assert isinstance(reader, kdist.sparsity.QuantizeLayer)
+    assert isinstance(reader.quantizer, AllValuesQuantizer)
+    x = np.random.default_rng(0).random((64, 10)).astype("float32") * 4 - 1
+    y = (x[:, 0] > x[:, 1]).astype("int64")
+    model.compile("adam", "sparse_categorical_crossentropy")
+    model.fit(x, y, batch_size=16, epochs=1, verbose=0)
+    seen = {v.name: float(v.numpy()) for v in reader.weights}
+    assert seen["quantize_layer_min"] == pytest.approx(x.min(), abs=1e-6)
+    assert seen["quantize_layer_max"] == pytest.approx(x.max(), abs=1e-6)
+
+    fixed = qk.fix_input_output_range(model, num_bits=4, input_min=0.0, input_max=15.0,
+                                      output_min=0.0, output_max=1.0)
+    grid = fixed.get_layer("quantize_layer")
+    assert grid.quantizer == qk.quantizers.FixedQuantizer(4, 0.0, 15.0, False)
+    head = fixed.get_layer("quant_probabilities")
+    assert head.output_range == (0.0, 1.0)
+    # Weights are carried over; inputs now land on the integers 0..15.
+    np.testing.assert_array_equal(head.get_weights()[0],
+                                  model.get_layer("quant_probabilities").get_weights()[0])
+    probe = keras.Model(fixed.inputs, grid.output)
+    np.testing.assert_array_equal(probe.predict(np.array([[-3.0, 0.4, 2.6, 7.5, 20.0] * 2]),
+                                                verbose=0),
+                                  [[0.0, 0.0, 3.0, 8.0, 15.0] * 2])
+    fixed.compile("adam", "sparse_categorical_crossentropy")
+    fixed.fit(x, y, batch_size=16, epochs=1, verbose=0)
+    assert head.output_range == (0.0, 1.0) and float(head.output_max.numpy()) == 1.0
+
+    free = qk.remove_input_range(fixed)
+    assert free.get_layer("quantize_layer").quantizer is None
+    probe = keras.Model(free.inputs, free.get_layer("quantize_layer").output)
+    np.testing.assert_allclose(probe.predict(x[:2], verbose=0), x[:2])
+
+
+def test_a_configured_output_layer_gets_the_fixed_range_through_its_config():
+    with qk.quantize_scope({"DenseAsTfmot": DenseAsTfmot}):
+        model = qk.quantize_apply(qk.quantize_annotate_model(keras.Sequential([
+            keras.Input((10,)), keras.layers.Dense(8, name="hidden"),
+            qk.quantize_annotate_layer(keras.layers.Dense(2, activation="relu", name="out"),
+                                       DenseAsTfmot())])))
+        fixed = qk.fix_input_output_range(model, output_min=0.0, output_max=4.0)
+    config = fixed.get_layer("quant_out").quantize_config
+    assert config.fixed == qk.quantizers.FixedQuantizer(8, 0.0, 4.0, False)
+    assert config.get_activations_and_quantizers(fixed.get_layer("quant_out").layer)[0][1] == (
+        config.fixed)
+    # Its ReLU's output never leaves [0, 4], whatever the inputs.
+    big = np.full((2, 10), 100.0, "float32")
+    assert fixed.predict(big, verbose=0).max() <= 4.0
+
+
+def test_range_edits_need_a_quantised_model_and_a_real_range():
+    plain = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+    with pytest.raises(ValueError, match="should be already quantized"):
+        qk.fix_input_output_range(plain)
+    with pytest.raises(ValueError, match="should be already quantized"):
+        qk.remove_input_range(plain)
+    with pytest.raises(ValueError, match="init_min < init_max"):
+        qk.fix_input_output_range(qk.quantize_model(plain), input_min=1.0, input_max=1.0)
+    with pytest.raises(ValueError, match="Quantizer or None"):
+        kdist.sparsity.QuantizeLayer("8bit")

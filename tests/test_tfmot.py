@@ -210,13 +210,16 @@ def test_annotated_layers_alone_are_quantized():
 
     annotated = keras.models.clone_model(base, clone_function=apply_quantization_to_dense)
     quantized = tfmot.quantization.keras.quantize_apply(annotated)
-    assert [type(layer).__name__ for layer in quantized.layers] == ["QuantizeAware", "Dense"]
+    # As in tfmot, the input is quantised too, by a QuantizeLayer before the first layer.
+    assert [type(layer).__name__ for layer in quantized.layers] == [
+        "QuantizeLayer", "QuantizeAware", "Dense"]
     x = _data(16)[0]
-    np.testing.assert_array_equal(quantized.layers[1].get_weights()[0],
+    np.testing.assert_array_equal(quantized.layers[2].get_weights()[0],
                                   base.layers[1].get_weights()[0])
     whole = tfmot.quantization.keras.quantize_apply(
         tfmot.quantization.keras.quantize_annotate_model(base))
-    assert [type(layer).__name__ for layer in whole.layers] == ["QuantizeAware"] * 2
+    assert [type(layer).__name__ for layer in whole.layers] == [
+        "QuantizeLayer", "QuantizeAware", "QuantizeAware"]
     assert whole.predict(x, verbose=0).shape == (16, 2)
 
 
@@ -228,7 +231,7 @@ def test_pruning_then_quantizing_keeps_the_zeros():
     stripped = tfmot.sparsity.keras.strip_pruning(pruned)
     qat = _compile(tfmot.quantization.keras.quantize_model(stripped))
     qat.fit(x, y, epochs=1, verbose=0)
-    for plain, layer in zip(stripped.layers, qat.layers):
+    for plain, layer in zip(stripped.layers, qat.layers[1:]):  # after the QuantizeLayer
         zeros = plain.kernel.numpy() == 0
         assert zeros.mean() == pytest.approx(0.8, abs=0.01)
         assert np.all(keras.ops.convert_to_numpy(layer.effective_kernel())[zeros] == 0)

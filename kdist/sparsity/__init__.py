@@ -20,6 +20,7 @@ from kdist._lazy import lazy_attributes as _lazy_attributes
 _LAZY = {
     "AllValuesQuantizer": "kdist.sparsity.quantizers",
     "ConstantSparsity": "kdist.sparsity.schedules",
+    "FixedQuantizer": "kdist.sparsity.quantizers",
     "FixedType": "kdist.sparsity.fixed",
     "KernelWrapper": "kdist.sparsity.wrapping",
     "LastValueQuantizer": "kdist.sparsity.quantizers",
@@ -32,6 +33,7 @@ _LAZY = {
     "QuantizeAnnotate": "kdist.sparsity.annotation",
     "QuantizeAware": "kdist.sparsity.quantization",
     "QuantizeAwareActivation": "kdist.sparsity.configured",
+    "QuantizeLayer": "kdist.sparsity.inputs",
     "QuantizeConfig": "kdist.sparsity.configured",
     "QuantizeWithConfig": "kdist.sparsity.configured",
     "Quantizer": "kdist.sparsity.quantizers",
@@ -42,6 +44,7 @@ _LAZY = {
     "export_hls4ml": "kdist.sparsity.hls",
     "export_quantized": "kdist.sparsity.quantization",
     "export_tflite": "kdist.sparsity.export",
+    "fix_input_output_range": "kdist.sparsity.inputs",
     "fake_quantize": "kdist.sparsity.quantization",
     "keras_int8": "kdist.sparsity.export",
     "magnitude_mask": "kdist.sparsity.patterns",
@@ -54,6 +57,8 @@ _LAZY = {
     "quantize_annotate_model": "kdist.sparsity.annotation",
     "quantize_apply": "kdist.sparsity.annotation",
     "quantize_array": "kdist.sparsity.quantization",
+    "quantize_inputs": "kdist.sparsity.inputs",
+    "remove_input_range": "kdist.sparsity.inputs",
     "run_tflite": "kdist.sparsity.export",
     "sparsity_of": "kdist.sparsity.callbacks",
     "strip": "kdist.sparsity.wrapping",
@@ -81,6 +86,11 @@ if _TYPE_CHECKING:  # what documentation tools and type checkers read; never run
         run_tflite,
         tflite_dtypes)
     from kdist.sparsity.fixed import FixedType  # noqa: F401
+    from kdist.sparsity.inputs import (  # noqa: F401
+        QuantizeLayer,
+        fix_input_output_range,
+        quantize_inputs,
+        remove_input_range)
     from kdist.sparsity.hls import compare_hls4ml, export_hls4ml, predict_hls4ml  # noqa: F401
     from kdist.sparsity.patterns import block_mask, magnitude_mask, n_of_m_mask  # noqa: F401
     from kdist.sparsity.pruning import (  # noqa: F401
@@ -96,6 +106,7 @@ if _TYPE_CHECKING:  # what documentation tools and type checkers read; never run
         quantize_array)
     from kdist.sparsity.quantizers import (  # noqa: F401
         AllValuesQuantizer,
+        FixedQuantizer,
         LastValueQuantizer,
         MovingAverageQuantizer,
         Quantizer)
@@ -106,15 +117,16 @@ if _TYPE_CHECKING:  # what documentation tools and type checkers read; never run
     from kdist.sparsity.wrapping import KernelWrapper, strip  # noqa: F401
 
 __all__ = [
-    "AllValuesQuantizer", "ConstantSparsity", "FixedType", "KernelWrapper",
+    "AllValuesQuantizer", "ConstantSparsity", "FixedQuantizer", "FixedType", "KernelWrapper",
     "LastValueQuantizer", "MovingAverageQuantizer", "PolynomialDecay", "PrunableLayer",
     "PruneLowMagnitude", "PruningSchedule", "PruningSummaries", "QuantizeAnnotate",
-    "QuantizeAware", "QuantizeAwareActivation", "QuantizeConfig", "QuantizeWithConfig",
-    "Quantizer", "SyncQuantizeRanges", "UpdatePruning", "block_mask", "compare_hls4ml",
-    "export_hls4ml", "export_quantized", "export_tflite", "fake_quantize", "keras_int8",
-    "magnitude_mask", "n_of_m_mask", "predict_hls4ml", "prune", "pruned_layers",
-    "quantize", "quantize_annotate_layer", "quantize_annotate_model", "quantize_apply",
-    "quantize_array", "run_tflite", "sparsity_of", "strip", "tflite_dtypes",
+    "QuantizeAware", "QuantizeAwareActivation", "QuantizeConfig", "QuantizeLayer",
+    "QuantizeWithConfig", "Quantizer", "SyncQuantizeRanges", "UpdatePruning", "block_mask",
+    "compare_hls4ml", "export_hls4ml", "export_quantized", "export_tflite", "fake_quantize",
+    "fix_input_output_range", "keras_int8", "magnitude_mask", "n_of_m_mask", "predict_hls4ml",
+    "prune", "pruned_layers", "quantize", "quantize_annotate_layer", "quantize_annotate_model",
+    "quantize_apply", "quantize_array", "quantize_inputs", "remove_input_range", "run_tflite",
+    "sparsity_of", "strip", "tflite_dtypes",
 ]
 
 __getattr__, __dir__ = _lazy_attributes(__name__, _LAZY)

@@ -112,11 +112,13 @@ class QuantizeAware(KernelWrapper):
             outputs rounded half to even and saturated on the `bits`-bit
             fixed-point type that covers their range (`kdist.sparsity.fixed`).
             `export_hls4ml` then reproduces the model bit for bit.
+        output_range: `(min, max)` to quantise the output over, fixed, instead
+            of a range tracked in training (a known output range).
     """
 
     def __init__(self, layer, bits=8, per_channel=True, activations=True,
                  preserve_sparsity=True, momentum=0.99, deferred_activation=None,
-                 fixed_point=False, **kwargs):
+                 fixed_point=False, output_range=None, **kwargs):
         kwargs.setdefault("name", f"quantized_{layer.name}")
         super().__init__(layer, **kwargs)
         base = self.base_layer
@@ -138,6 +140,13 @@ class QuantizeAware(KernelWrapper):
             raise ValueError(f"momentum must lie in [0, 1); got {momentum}.")
         self.momentum = float(momentum)
         self.fixed_point = bool(fixed_point)
+        if output_range is not None:
+            low, high = (float(end) for end in output_range)
+            if not low < high:
+                raise ValueError(f"output_range must be (min, max) with min < max; got "
+                                 f"{output_range!r}.")
+            output_range = (low, high)
+        self.output_range = output_range
 
     def build_state(self, targets):
         if len(targets) != 1:
@@ -173,7 +182,12 @@ class QuantizeAware(KernelWrapper):
             return outputs
         ops = keras.ops
         low, high = self.output_min, self.output_max
-        if training:
+        if self.output_range is not None:
+            low, high = self.output_range
+            self.output_min.assign(low)
+            self.output_max.assign(high)
+            self.range_seen.assign(1.0)
+        elif training:
             floats = ops.cast(outputs, "float32")
             batch_low, batch_high = ops.min(floats), ops.max(floats)
             seen = self.range_seen > 0
@@ -209,6 +223,7 @@ class QuantizeAware(KernelWrapper):
         config.update(bits=self.bits, per_channel=self.per_channel,
                       activations=self.activations, preserve_sparsity=self.preserve_sparsity,
                       momentum=self.momentum, fixed_point=self.fixed_point,
+                      output_range=self.output_range,
                       deferred_activation=None if self.deferred_activation is None else
                       keras.activations.serialize(self.deferred_activation))
         return config

@@ -8,7 +8,9 @@ Three keep a range and differ only in how training moves it:
 - `LastValueQuantizer`: the range of the last batch (weights);
 - `MovingAverageQuantizer`: an exponential moving average of batch ranges,
   decay 0.999, starting from [-6, 6] (activations);
-- `AllValuesQuantizer`: the widest range seen, starting from [0, 0].
+- `AllValuesQuantizer`: the widest range seen, starting from [0, 0];
+
+and `FixedQuantizer` keeps the range it is given.
 
 Every range holds zero (an integer engine must represent zero exactly);
 `symmetric` ranges are centred on it, with the two's-complement grid's one
@@ -164,3 +166,31 @@ class AllValuesQuantizer(RangeQuantizer):
         ops = keras.ops
         batch_low, batch_high = self.observed_range(values)
         return ops.minimum(low, batch_low), ops.maximum(high, batch_high)
+
+
+@keras.saving.register_keras_serializable(package="kdist")
+class FixedQuantizer(RangeQuantizer):
+    """Quantises over a range given once; it has no variables and never moves.
+
+    For values whose range is known: pixels in [0, 1], a sensor's counts.
+    """
+
+    def __init__(self, num_bits, init_min, init_max, narrow_range):
+        super().__init__(num_bits, per_axis=False, symmetric=False, narrow_range=narrow_range)
+        if not float(init_min) < float(init_max):
+            raise ValueError(f"FixedQuantizer needs init_min < init_max; got [{init_min}, "
+                             f"{init_max}].")
+        self.init_min, self.init_max = float(init_min), float(init_max)
+
+    def build(self, tensor_shape, name, layer):
+        return {}
+
+    def __call__(self, inputs, training, weights, **kwargs):
+        quantized = keras.quantizers.fake_quant_with_min_max_vars(
+            keras.ops.cast(inputs, "float32"), self.init_min, self.init_max,
+            num_bits=self.num_bits, narrow_range=self.narrow_range)
+        return keras.ops.cast(quantized, inputs.dtype)
+
+    def get_config(self):
+        return {"num_bits": self.num_bits, "init_min": self.init_min,
+                "init_max": self.init_max, "narrow_range": self.narrow_range}
