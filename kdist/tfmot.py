@@ -120,7 +120,8 @@ def prune_low_magnitude(to_prune, pruning_schedule=None, block_size=(1, 1),
     def wrap(layer, **arguments):
         _check_prunable(layer)
         arguments.setdefault("name", f"prune_low_magnitude_{layer.name}")  # tfmot's name
-        return _sparsity.PruneLowMagnitude(layer, pruning_schedule, **pattern, **arguments)
+        return _sparsity.PruneLowMagnitude(layer, pruning_schedule, **pattern,
+                                           require_step_callback=True, **arguments)
 
     if isinstance(to_prune, (list, tuple)):
         return [_wrapping.wrap_layers(layer, wrap, _sparsity.PruneLowMagnitude, (), "prune")

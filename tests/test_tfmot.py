@@ -481,3 +481,27 @@ def test_tf_keras_scripts_get_tensorflow_model_optimization_itself(tmp_path):
     # What kdist does not offer comes from tfmot, for tf_keras models.
     clustering = tfmot.clustering.keras.cluster_weights
     assert clustering.__module__.startswith("tensorflow_model_optimization")
+
+
+def test_training_without_the_step_callback_fails_as_in_tfmot(tmp_path):
+    x, y = _data(64)
+    pruned = _compile(prune_low_magnitude(_model(), tfmot.sparsity.keras.ConstantSparsity(
+        0.5, 0, frequency=1)))
+    # Without the callback the masks would never move: tfmot refuses to train.
+    with pytest.raises(tf.errors.InvalidArgumentError, match="UpdatePruningStep"):
+        pruned.fit(x, y, epochs=1, verbose=0)
+    pruned.fit(x, y, epochs=1, verbose=0, callbacks=[tfmot.sparsity.keras.UpdatePruningStep()])
+    assert _kernel_sparsity(pruned)
+    assert min(_kernel_sparsity(pruned).values()) == pytest.approx(0.5, abs=0.02)
+    # Inference needs no callback, and the requirement survives saving.
+    assert pruned.predict(x, verbose=0).shape == (64, 2)
+    path = str(tmp_path / "pruned.keras")
+    pruned.save(path)
+    with tfmot.sparsity.keras.prune_scope():
+        loaded = _compile(keras.models.load_model(path))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="UpdatePruningStep"):
+        loaded.fit(x, y, epochs=1, verbose=0)
+    # kdist's own prune() leaves the choice to the caller (a parameter-server worker's
+    # masks come from its server).
+    own = _compile(kdist.sparsity.prune(_model(), kdist.sparsity.ConstantSparsity(0.5, 0)))
+    own.fit(x, y, epochs=1, verbose=0)

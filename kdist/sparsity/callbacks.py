@@ -86,6 +86,12 @@ class UpdatePruning(keras.callbacks.Callback):
         if not self._wrappers:
             raise ValueError("UpdatePruning: the model has no layer wrapped by "
                              "kdist.sparsity.prune; prune the model before compiling it.")
+        newly = [w for w in self._wrappers if not w.step_callback_attached]
+        for wrapper in newly:
+            wrapper.step_callback_attached = True
+        if newly and getattr(self.model, "train_function", None) is not None:
+            # A train step traced without this callback fails by design; trace anew.
+            self.model.make_train_function(force=True)
         if getattr(self.model, "optimizer", None) is None:
             raise ValueError("UpdatePruning counts steps with the model's optimizer; "
                              "compile the model first.")

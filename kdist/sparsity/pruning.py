@@ -28,10 +28,13 @@ class PruneLowMagnitude(KernelWrapper):
         block_pooling_type: `"AVG"` or `"MAX"`, how a block's magnitude is taken.
         sparsity_m_by_n: `(m, n)`: m zeros in every n consecutive input-channel
             weights (2:4 is `(2, 4)`); the schedule then only says when.
+        require_step_callback: training raises `tf.errors.InvalidArgumentError`
+            unless an `UpdatePruning` callback drives the layer (tfmot's rule:
+            without one the mask would never move, silently).
     """
 
     def __init__(self, layer, schedule, block_size=(1, 1), block_pooling_type="AVG",
-                 sparsity_m_by_n=None, **kwargs):
+                 sparsity_m_by_n=None, require_step_callback=False, **kwargs):
         if not isinstance(schedule, PruningSchedule):
             raise TypeError("schedule must be a kdist.sparsity.PruningSchedule (ConstantSparsity, "
                             f"PolynomialDecay or a subclass); got {type(schedule).__name__}.")
@@ -40,6 +43,8 @@ class PruneLowMagnitude(KernelWrapper):
         self.schedule = schedule
         self.block_size, self.block_pooling_type, self.sparsity_m_by_n = check_pattern(
             block_size, block_pooling_type, sparsity_m_by_n)
+        self.require_step_callback = bool(require_step_callback)
+        self.step_callback_attached = False  # set by UpdatePruning.on_train_begin
 
     @property
     def pruning_schedule(self):
@@ -65,6 +70,19 @@ class PruneLowMagnitude(KernelWrapper):
                                     for i, target in enumerate(targets[1:], 1)]
 
     def transform_kernel(self, value, training, index=0):
+        if training and self.require_step_callback and not self.step_callback_attached:
+            # Failing when the step runs, as tfmot does, and not while it is traced:
+            # a trace that raises leaves the model's train function unusable.
+            import tensorflow as tf
+
+            failed = tf.debugging.Assert(False, [
+                f"{self.name}: a pruned layer requires the UpdatePruningStep callback "
+                "during training, or its mask never moves. Add "
+                "tfmot.sparsity.keras.UpdatePruningStep() to model.fit's callbacks (in a "
+                "custom loop: set_model, on_train_begin, then on_train_batch_begin each "
+                "step)."])
+            with tf.control_dependencies([failed]):
+                value = tf.identity(value)
         return value * keras.ops.cast(self.masks[index], value.dtype)
 
     def load_own_variables(self, store):
@@ -93,7 +111,8 @@ class PruneLowMagnitude(KernelWrapper):
     def get_config(self):
         config = super().get_config()
         config["schedule"] = keras.saving.serialize_keras_object(self.schedule)
-        config.update(block_size=list(self.block_size),
+        config.update(require_step_callback=self.require_step_callback,
+                      block_size=list(self.block_size),
                       block_pooling_type=self.block_pooling_type,
                       sparsity_m_by_n=None if self.sparsity_m_by_n is None else
                       list(self.sparsity_m_by_n))
