@@ -260,6 +260,11 @@ def quantize_annotate_layer(to_annotate, quantize_config=None):
         raise ValueError("`to_annotate` can only be a Keras layer; got "
                          f"{type(to_annotate).__name__}. Use quantize_annotate_model for a "
                          "model.")
+    if quantize_config is not None and not isinstance(quantize_config,
+                                                      _configured.QuantizeConfig):
+        raise ValueError("`quantize_config` can only be a "
+                         "tfmot.quantization.keras.QuantizeConfig instance; got "
+                         f"{type(quantize_config).__name__}.")
     return _annotation.quantize_annotate_layer(to_annotate, quantize_config)
 
 

@@ -215,7 +215,9 @@ def test_configs_that_name_what_is_not_there_are_refused():
     with pytest.raises(TypeError, match="must be a QuantizeConfig"):
         kdist.sparsity.QuantizeWithConfig(keras.layers.Dense(4), object())
     with pytest.raises(TypeError, match="kdist.sparsity.QuantizeConfig"):
-        qk.quantize_annotate_layer(keras.layers.Dense(4), quantize_config="8bit")
+        kdist.sparsity.quantize_annotate_layer(keras.layers.Dense(4), quantize_config="8bit")
+    with pytest.raises(ValueError, match="QuantizeConfig instance"):  # tfmot's type
+        qk.quantize_annotate_layer(keras.layers.Dense(4), quantize_config=object())
     with pytest.raises(ValueError, match="cannot be None"):
         kdist.sparsity.QuantizeWithConfig(keras.layers.Dense(4), None)
     with pytest.raises(TypeError, match="abstract"):
@@ -425,3 +427,38 @@ def test_range_edits_need_a_quantised_model_and_a_real_range():
         qk.fix_input_output_range(qk.quantize_model(plain), input_min=1.0, input_max=1.0)
     with pytest.raises(ValueError, match="Quantizer or None"):
         kdist.sparsity.QuantizeLayer("8bit")
+
+
+class Nothing(QuantizeConfig):
+    """Answers None where a list is expected, as tfmot's own test configs do."""
+
+    def get_weights_and_quantizers(self, layer):
+        return []
+
+    def get_activations_and_quantizers(self, layer):
+        return []
+
+    def set_quantize_activations(self, layer, quantize_activations):
+        pass
+
+    def get_output_quantizers(self, layer):
+        pass
+
+    def get_config(self):
+        return {}
+
+
+def test_a_config_that_quantises_nothing_leaves_the_layer_as_it_was():
+    keras.utils.set_random_seed(0)
+    plain = keras.Sequential([keras.Input((10,)), keras.layers.Dense(3, name="d")])
+    annotated = keras.Sequential([keras.Input((10,)), qk.quantize_annotate_layer(
+        keras.layers.Dense(3, name="d"), Nothing())])
+    annotated.set_weights(plain.get_weights())
+    with qk.quantize_scope({"Nothing": Nothing}):
+        model = qk.remove_input_range(qk.quantize_apply(annotated))
+    x, _ = _data(8)
+    assert isinstance(model.get_layer("quant_d").quantize_config, Nothing)
+    np.testing.assert_allclose(model.predict(x, verbose=0), plain.predict(x, verbose=0),
+                               rtol=1e-6)
+    # Its weights are copies: training the quantised model leaves the annotated one alone.
+    assert model.get_layer("quant_d").layer.kernel is not annotated.layers[0].layer.kernel

@@ -167,7 +167,8 @@ class QuantizeWithConfig(keras.layers.Wrapper):
         config, layer = self.quantize_config, self.layer
         owned = {id(variable) for variable in layer.variables}
         self._weight_quantizers = []
-        for weight, quantizer in config.get_weights_and_quantizers(layer):
+        # A config may answer None for "nothing", as tfmot's own test configs do.
+        for weight, quantizer in config.get_weights_and_quantizers(layer) or []:
             if id(weight) not in owned:
                 raise ValueError(
                     f"{type(config).__name__}.get_weights_and_quantizers must name variables "
@@ -175,13 +176,13 @@ class QuantizeWithConfig(keras.layers.Wrapper):
             name = weight.name.split("/")[-1].split(":")[0]
             self._weight_quantizers.append(
                 (weight, quantizer, quantizer.build(weight.shape, name, self)))
-        pairs = config.get_activations_and_quantizers(layer)
+        pairs = config.get_activations_and_quantizers(layer) or []
         self._plain_activations = [activation for activation, _ in pairs]
         self._activations = [QuantizeAwareActivation(activation, quantizer, self)
                              for activation, quantizer in pairs]
         if self._activations:
             config.set_quantize_activations(layer, self._activations)
-        self._output_quantizers = list(config.get_output_quantizers(layer))
+        self._output_quantizers = list(config.get_output_quantizers(layer) or [])
         self._output_variables = None
         if self._output_quantizers:
             shape = layer.compute_output_shape(input_shape)
