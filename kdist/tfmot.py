@@ -299,7 +299,8 @@ def quantize_apply(model, scheme=None, quantized_layer_name_prefix="quant_"):
                          "quantize_annotate_layer(layer, quantize_config).")
     _check_quantizable(_wrapping.wrappers_in(model, _annotation.QuantizeAnnotate))
     return _inputs.quantize_inputs(_annotation.quantize_apply(
-        _with_weightless_configs(model), name_prefix=quantized_layer_name_prefix))
+        _with_weightless_configs(model), name_prefix=quantized_layer_name_prefix),
+        only_before_quantized=True)
 
 
 class UpdatePruningStep(_sparsity.UpdatePruning):

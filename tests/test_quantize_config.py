@@ -462,3 +462,28 @@ def test_a_config_that_quantises_nothing_leaves_the_layer_as_it_was():
                                rtol=1e-6)
     # Its weights are copies: training the quantised model leaves the annotated one alone.
     assert model.get_layer("quant_d").layer.kernel is not annotated.layers[0].layer.kernel
+
+
+def test_inputs_are_quantised_only_where_a_quantised_layer_reads_them():
+    def functional(annotate_first):
+        inputs = keras.Input((10,))
+        first = keras.layers.Dense(8, name="first")
+        x = (qk.quantize_annotate_layer(first) if annotate_first else first)(inputs)
+        outputs = qk.quantize_annotate_layer(keras.layers.Dense(2, name="last"))(x)
+        return keras.Model(inputs, outputs)
+
+    def kinds(model):
+        return [type(layer).__name__ for layer in model.layers]
+
+    assert kinds(qk.quantize_apply(functional(False))) == [
+        "InputLayer", "Dense", "QuantizeAware"]
+    assert kinds(qk.quantize_apply(functional(True))) == [
+        "InputLayer", "QuantizeLayer", "QuantizeAware", "QuantizeAware"]
+    sequential = keras.Sequential([keras.Input((10,)), keras.layers.Dense(8),
+                                   qk.quantize_annotate_layer(keras.layers.Dense(2))])
+    assert kinds(qk.quantize_apply(sequential)) == ["Dense", "QuantizeAware"]
+    with pytest.raises(ValueError, match="should be already quantized"):
+        qk.fix_input_output_range(qk.quantize_apply(sequential))
+    # Asked for explicitly, every input is quantised.
+    assert kinds(kdist.sparsity.quantize_inputs(qk.quantize_apply(sequential)))[0] == (
+        "QuantizeLayer")

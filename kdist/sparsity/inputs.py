@@ -61,12 +61,18 @@ def _input_quantizer():
     return AllValuesQuantizer(num_bits=8, per_axis=False, symmetric=False, narrow_range=False)
 
 
-def quantize_inputs(model, quantizer=None):
+def _quantised(layer):
+    return isinstance(layer, (QuantizeAware, QuantizeWithConfig))
+
+
+def quantize_inputs(model, quantizer=None, only_before_quantized=False):
     """A copy of `model` (weights included) with a `QuantizeLayer` after each input.
 
     `quantizer`: a function giving a fresh `Quantizer` per input; by default
     8 bits over the widest range seen (`AllValuesQuantizer`), as
-    tensorflow-model-optimization quantises inputs.
+    tensorflow-model-optimization quantises inputs. `only_before_quantized`:
+    quantise only what quantised layers read (an input read by float layers
+    stays as it is), as tensorflow-model-optimization's `quantize_apply` does.
     """
     make = quantizer or _input_quantizer
     fills = []
@@ -78,10 +84,12 @@ def quantize_inputs(model, quantizer=None):
 
     if isinstance(model, keras.Sequential):
         first = model.inputs[0]
+        reader = [] if only_before_quantized and not (
+            model.layers and _quantised(model.layers[0])) else [
+            QuantizeLayer(make(), name="quantize_layer")]
         result = keras.Sequential(
-            [keras.Input(batch_shape=first.shape, dtype=first.dtype),
-             QuantizeLayer(make(), name="quantize_layer")] + [copy(l) for l in model.layers],
-            name=model.name)
+            [keras.Input(batch_shape=first.shape, dtype=first.dtype)] + reader
+            + [copy(l) for l in model.layers], name=model.name)
     elif _keras_private.is_functional(model):
         inputs = [keras.Input(batch_shape=t.shape, dtype=t.dtype, name=t.name)
                   for t in model.inputs]
@@ -90,9 +98,11 @@ def quantize_inputs(model, quantizer=None):
             for i, tensor in enumerate(inputs)}
 
         def through_quantizers(layer, *args, **kwargs):
-            # Every layer that read an input reads it quantised.
-            args, kwargs = keras.tree.map_structure(
-                lambda value: quantized.get(id(value), value), (args, kwargs))
+            # A layer that read an input reads it quantised (a QuantizeLayer no layer
+            # reads is not part of the model).
+            if not only_before_quantized or _quantised(layer):
+                args, kwargs = keras.tree.map_structure(
+                    lambda value: quantized.get(id(value), value), (args, kwargs))
             return layer(*args, **kwargs)
 
         clone = keras.models.clone_model(
