@@ -435,6 +435,7 @@ class _EitherQuantizeWrapper(type(_configured.QuantizeWithConfig)):
         return issubclass(subclass, (_configured.QuantizeWithConfig, _sparsity.QuantizeAware))
 
 
+@keras.saving.register_keras_serializable(package="kdist.tfmot")
 class QuantizeWrapper(_configured.QuantizeWithConfig, metaclass=_EitherQuantizeWrapper):
     """tfmot's `QuantizeWrapper(layer, quantize_config)`: a `QuantizeWithConfig`.
 

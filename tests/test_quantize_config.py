@@ -487,3 +487,16 @@ def test_inputs_are_quantised_only_where_a_quantised_layer_reads_them():
     # Asked for explicitly, every input is quantised.
     assert kinds(kdist.sparsity.quantize_inputs(qk.quantize_apply(sequential)))[0] == (
         "QuantizeLayer")
+
+
+def test_a_wrapper_made_under_tfmot_name_saves_and_loads(tmp_path):
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((10,)),
+                              qk.QuantizeWrapper(keras.layers.Dense(3, name="d"), KernelOnly())])
+    x, _ = _data(4)
+    expected = model.predict(x, verbose=0)
+    model.save(tmp_path / "wrapped.keras")
+    with qk.quantize_scope({"KernelOnly": KernelOnly}):
+        loaded = keras.models.load_model(tmp_path / "wrapped.keras")
+    assert isinstance(loaded.layers[0], qk.QuantizeWrapper)
+    np.testing.assert_allclose(loaded.predict(x, verbose=0), expected, rtol=1e-6)
