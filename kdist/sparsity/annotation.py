@@ -12,7 +12,8 @@ quantizers other than kdist's, is quantised.
 import keras
 
 from kdist import _keras_private
-from kdist.sparsity.configured import QuantizeWithConfig
+from kdist.sparsity.configured import (QuantizeWithConfig, check_quantize_config,
+                                        config_with_quantize_config)
 from kdist.sparsity.quantization import quantize
 from kdist.sparsity.wrapping import (fresh_copy, kernel_variable, rewrite, wrapper_from_config,
                                      wrappers_in)
@@ -32,7 +33,7 @@ class QuantizeAnnotate(keras.layers.Wrapper):
         super().__init__(layer, **kwargs)
         self._input_shape_arg = (getattr(self, "_input_shape_arg", None)
                                  or getattr(layer, "_input_shape_arg", None))
-        self.quantize_config = _checked_config(quantize_config)
+        self.quantize_config = check_quantize_config(quantize_config)
 
     def call(self, inputs, *args, **kwargs):
         return self.layer(inputs, *args, **kwargs)
@@ -52,21 +53,8 @@ class QuantizeAnnotate(keras.layers.Wrapper):
 
     @classmethod
     def from_config(cls, config, custom_objects=None):
-        config = dict(config)
-        if isinstance(config.get("quantize_config"), dict):
-            config["quantize_config"] = keras.saving.deserialize_keras_object(
-                config["quantize_config"], custom_objects=custom_objects)
-        return wrapper_from_config(cls, config, custom_objects)
-
-
-def _checked_config(quantize_config):
-    if quantize_config is not None and not all(
-            callable(getattr(quantize_config, method, None))
-            for method in ("get_weights_and_quantizers", "get_activations_and_quantizers",
-                           "set_quantize_activations", "get_output_quantizers")):
-        raise TypeError(f"quantize_config must be a kdist.sparsity.QuantizeConfig; got "
-                        f"{type(quantize_config).__name__}.")
-    return quantize_config
+        return wrapper_from_config(cls, config_with_quantize_config(config, custom_objects),
+                                   custom_objects)
 
 
 def quantize_annotate_layer(to_annotate, quantize_config=None):

@@ -77,6 +77,29 @@ class QuantizeConfig(abc.ABC):
         return cls(**config)
 
 
+_CONFIG_METHODS = ("get_weights_and_quantizers", "get_activations_and_quantizers",
+                   "set_quantize_activations", "get_output_quantizers")
+
+
+def check_quantize_config(quantize_config):
+    """`quantize_config` if it has a `QuantizeConfig`'s methods (None passes); else TypeError."""
+    for method in _CONFIG_METHODS:
+        if quantize_config is not None and not callable(getattr(quantize_config, method, None)):
+            raise TypeError(f"quantize_config must be a QuantizeConfig "
+                            f"(kdist.sparsity.QuantizeConfig); {type(quantize_config).__name__} "
+                            f"has no {method}().")
+    return quantize_config
+
+
+def config_with_quantize_config(config, custom_objects=None):
+    """A wrapper's `config` with its `quantize_config` deserialised (if still a dict)."""
+    config = dict(config)
+    if isinstance(config.get("quantize_config"), dict):
+        config["quantize_config"] = keras.saving.deserialize_keras_object(
+            config["quantize_config"], custom_objects=custom_objects)
+    return config
+
+
 def _activation_name(activation):
     return getattr(activation, "__name__", type(activation).__name__)
 
@@ -146,11 +169,7 @@ class QuantizeWithConfig(keras.layers.Wrapper):
         if quantize_config is None:
             raise ValueError("quantize_config cannot be None: it says how to quantise "
                              f"{layer.name}.")
-        for method in ("get_weights_and_quantizers", "get_activations_and_quantizers",
-                       "set_quantize_activations", "get_output_quantizers"):
-            if not callable(getattr(quantize_config, method, None)):
-                raise TypeError(f"quantize_config must be a QuantizeConfig; "
-                                f"{type(quantize_config).__name__} has no {method}().")
+        check_quantize_config(quantize_config)
         kwargs.setdefault("name", f"{name_prefix or ''}{layer.name}")
         kwargs.setdefault("dtype", layer.dtype_policy)
         super().__init__(layer, **kwargs)
@@ -249,8 +268,5 @@ class QuantizeWithConfig(keras.layers.Wrapper):
 
     @classmethod
     def from_config(cls, config, custom_objects=None):
-        config = dict(config)
-        if isinstance(config.get("quantize_config"), dict):
-            config["quantize_config"] = keras.saving.deserialize_keras_object(
-                config["quantize_config"], custom_objects=custom_objects)
-        return wrapper_from_config(cls, config, custom_objects)
+        return wrapper_from_config(cls, config_with_quantize_config(config, custom_objects),
+                                   custom_objects)

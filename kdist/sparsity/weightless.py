@@ -47,37 +47,6 @@ def _output_quantizer(bits):
 
 
 @keras.saving.register_keras_serializable(package="kdist")
-class OutputQuantizeConfig(QuantizeConfig):
-    """Quantises only the layer's output (`bits` bits, moving-average range)."""
-
-    def __init__(self, bits=8):
-        self.bits = bits
-
-    def get_weights_and_quantizers(self, layer):
-        return []
-
-    def get_activations_and_quantizers(self, layer):
-        return []
-
-    def set_quantize_activations(self, layer, quantize_activations):
-        pass
-
-    def get_output_quantizers(self, layer):
-        if isinstance(layer, keras.layers.Activation):
-            name = getattr(layer.activation, "__name__", type(layer.activation).__name__)
-            if name in _ACTIVATIONS_LEFT:
-                return []
-            if name not in _ACTIVATIONS_REQUANTISED:
-                raise ValueError(
-                    f"Activation layer {layer.name}: {name!r} is not one that integer engines "
-                    "run; annotate the layer with a QuantizeConfig of your own.")
-        return [_output_quantizer(self.bits)]
-
-    def get_config(self):
-        return {"bits": self.bits}
-
-
-@keras.saving.register_keras_serializable(package="kdist")
 class NoQuantizeConfig(QuantizeConfig):
     """Quantises nothing: the layer keeps its input's grid."""
 
@@ -95,6 +64,28 @@ class NoQuantizeConfig(QuantizeConfig):
 
     def get_config(self):
         return {}
+
+
+@keras.saving.register_keras_serializable(package="kdist")
+class OutputQuantizeConfig(NoQuantizeConfig):
+    """Quantises only the layer's output (`bits` bits, moving-average range)."""
+
+    def __init__(self, bits=8):
+        self.bits = bits
+
+    def get_output_quantizers(self, layer):
+        if isinstance(layer, keras.layers.Activation):
+            name = getattr(layer.activation, "__name__", type(layer.activation).__name__)
+            if name in _ACTIVATIONS_LEFT:
+                return []
+            if name not in _ACTIVATIONS_REQUANTISED:
+                raise ValueError(
+                    f"Activation layer {layer.name}: {name!r} is not one that integer engines "
+                    "run; annotate the layer with a QuantizeConfig of your own.")
+        return [_output_quantizer(self.bits)]
+
+    def get_config(self):
+        return {"bits": self.bits}
 
 
 def weightless_config(layer, bits=8):
