@@ -24,6 +24,10 @@ SERIALIZABLE_MODULES = (
     "kdist.sparsity.pruning",  # PruneLowMagnitude
     "kdist.sparsity.quantization",  # QuantizeAware
     "kdist.sparsity.annotation",  # QuantizeAnnotate
+    "kdist.sparsity.configured",  # QuantizeWithConfig, QuantizeAwareActivation
+    "kdist.sparsity.quantizers",  # LastValueQuantizer and the other quantizers
+    "kdist.sparsity.inputs",  # QuantizeLayer, FixedRangeConfig
+    "kdist.sparsity.weightless",  # the configs of layers without weights
     "kdist.sparsity.schedules",  # the pruning schedules
     "kdist.gan.gan",  # GAN
     "kdist.distribute.sync_batch_norm",  # SyncBatchNormalization

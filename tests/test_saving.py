@@ -135,6 +135,21 @@ def saved(tmp_path_factory):
     _fit(sparse, 2, callbacks=[kdist.sparsity.UpdatePruning()])
     save(sparse, "pruned_quantized")
 
+    # tfmot's layout: an input QuantizeLayer, layers without weights under configs, a
+    # fixed output range through FixedRangeConfig.
+    import kdist.tfmot as tfmot
+
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((3,))
+    outputs = keras.layers.ReLU()(keras.layers.Dense(2)(keras.layers.Dense(4)(inputs)))
+    qat = tfmot.quantization.keras.fix_input_output_range(
+        tfmot.quantization.keras.quantize_model(keras.Model(inputs, outputs)),
+        input_min=-4.0, input_max=4.0, output_min=0.0, output_max=8.0)
+    qat.compile(kdist.DistributedOptimizer(keras.optimizers.Adam(0.01)),
+                keras.losses.MeanSquaredError())
+    _fit(qat, 2)
+    save(qat, "tfmot_quantized", formats=("keras",))
+
     gan = _gan()
     gan.compile(d_optimizer=kdist.DistributedOptimizer(keras.optimizers.Adam(1e-3)),
                 g_optimizer=kdist.DistributedOptimizer(keras.optimizers.Adam(1e-3)))
