@@ -162,6 +162,12 @@ def _check_quantizable(layers):
         if isinstance(layer, _annotation.QuantizeAnnotate):
             layer = layer.layer
         kind = type(layer)
+        if isinstance(layer, keras.layers.MultiHeadAttention):
+            raise RuntimeError(
+                f"Layer {layer.name}:{kind.__module__}.{kind.__name__} is not supported, as "
+                "in tfmot: annotate it with your own tfmot.quantization.keras.QuantizeConfig "
+                "(quantize_annotate_layer), or use kdist.sparsity.quantize(model), which "
+                "quantises the other layers and keeps attention in float.")
         if kind.__module__.split(".")[0] in ("keras", "kdist"):
             continue
         raise RuntimeError(

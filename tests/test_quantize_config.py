@@ -500,3 +500,46 @@ def test_a_wrapper_made_under_tfmot_name_saves_and_loads(tmp_path):
         loaded = keras.models.load_model(tmp_path / "wrapped.keras")
     assert isinstance(loaded.layers[0], qk.QuantizeWrapper)
     np.testing.assert_allclose(loaded.predict(x, verbose=0), expected, rtol=1e-6)
+
+
+class AttentionKernels(QuantizeConfig):
+    """MultiHeadAttention's four kernels at 4 bits: tfmot's way to quantise a layer it
+    does not know, here a layer called on two inputs."""
+
+    def get_weights_and_quantizers(self, layer):
+        return [(dense.kernel, LastValueQuantizer(4, False, True, False))
+                for dense in (layer.query_dense, layer.key_dense, layer.value_dense,
+                              layer.output_dense)]
+
+    def get_activations_and_quantizers(self, layer):
+        return []
+
+    def set_quantize_activations(self, layer, quantize_activations):
+        pass
+
+    def get_output_quantizers(self, layer):
+        return []
+
+    def get_config(self):
+        return {}
+
+
+def test_attention_annotated_with_a_config_is_quantised_on_its_two_inputs():
+    tokens, memory = keras.Input((6, 8)), keras.Input((4, 8))
+    attended = qk.quantize_annotate_layer(keras.layers.MultiHeadAttention(2, 4, name="att"),
+                                          AttentionKernels())(tokens, memory)
+    model = keras.Model([tokens, memory], keras.layers.GlobalAveragePooling1D()(attended))
+    with qk.quantize_scope({"AttentionKernels": AttentionKernels}):
+        quantized = qk.quantize_apply(model)
+    rng = np.random.default_rng(0)
+    x = [rng.normal(size=(8, 6, 8)).astype("float32"),
+         rng.normal(size=(8, 4, 8)).astype("float32")]
+    expected = quantized.predict(x, verbose=0)
+    plain = kdist.sparsity.strip(quantized)
+    attention = plain.get_layer("att")
+    for dense in (attention.query_dense, attention.key_dense, attention.value_dense,
+                  attention.output_dense):
+        assert len(np.unique(keras.ops.convert_to_numpy(dense.kernel))) <= 16, dense.name
+    # The value input reached the layer: the stripped float model agrees on both inputs.
+    np.testing.assert_allclose(plain.predict(x, verbose=0), expected, atol=1e-5)
+    assert not np.allclose(model.predict(x, verbose=0), expected, atol=1e-3)

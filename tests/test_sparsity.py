@@ -675,7 +675,7 @@ def test_recurrent_layers_have_their_input_and_recurrent_kernels_pruned(kind, tm
 def test_quantize_leaves_recurrent_layers_in_float_and_says_so():
     model = keras.Sequential([keras.Input((5, 3)), keras.layers.LSTM(4, name="lstm"),
                               keras.layers.Dense(2, name="out")])
-    with pytest.warns(UserWarning, match=r"recurrent layers \['lstm'\]"):
+    with pytest.warns(UserWarning, match=r"layers \['lstm'\]"):
         quantized = sparsity.quantize(model)
     assert [type(layer).__name__ for layer in quantized.layers] == ["LSTM", "QuantizeAware"]
     import warnings

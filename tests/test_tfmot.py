@@ -193,6 +193,10 @@ def test_the_quantization_guide_runs_with_the_import_changed():
     converter.optimizations = [tf.lite.Optimize.DEFAULT]
     interpreter = tf.lite.Interpreter(model_content=converter.convert())
     interpreter.allocate_tensors()
+    # tfmot's recipe gives int8 kernels (TFLite stores them as out x in).
+    kernels = {tuple(int(n) for n in detail["shape"]): detail["dtype"]
+               for detail in interpreter.get_tensor_details()}
+    assert kernels[(32, 10)] == np.int8 and kernels[(2, 32)] == np.int8
     given, taken = interpreter.get_input_details()[0], interpreter.get_output_details()[0]
     interpreter.set_tensor(given["index"], x[:1])
     interpreter.invoke()
@@ -505,3 +509,55 @@ def test_training_without_the_step_callback_fails_as_in_tfmot(tmp_path):
     # masks come from its server).
     own = _compile(kdist.sparsity.prune(_model(), kdist.sparsity.ConstantSparsity(0.5, 0)))
     own.fit(x, y, epochs=1, verbose=0)
+
+
+def _attention_model(seed=0):
+    keras.utils.set_random_seed(seed)
+    tokens = keras.Input((6, 8))
+    memory = keras.Input((4, 8))
+    attended = keras.layers.MultiHeadAttention(2, 4, name="attention")(tokens, memory)
+    mixed = keras.layers.EinsumDense("abc,cd->abd", output_shape=(6, 5), name="mix")(attended)
+    logits = keras.layers.Dense(2, name="logits")(keras.layers.Flatten()(mixed))
+    return keras.Model([tokens, memory], logits)
+
+
+def test_attention_and_einsum_layers_are_pruned_as_tfmot_prunes_them(tmp_path):
+    # tfmot prunes MultiHeadAttention's query, key, value and output kernels, and keeps
+    # the call's second input (the value) going to the layer, not to `training`.
+    rng = np.random.default_rng(0)
+    x = [rng.normal(size=(64, 6, 8)).astype("float32"),
+         rng.normal(size=(64, 4, 8)).astype("float32")]
+    y = (x[0][:, 0, 0] > x[1][:, 0, 0]).astype("int64")
+    schedule = tfmot.sparsity.keras.ConstantSparsity(0.75, begin_step=0, frequency=1)
+    model = _compile(prune_low_magnitude(_attention_model(), pruning_schedule=schedule))
+    assert len(model.get_layer("prune_low_magnitude_attention").masks) == 4
+    model.fit(x, y, epochs=1, batch_size=32, verbose=0,
+              callbacks=[tfmot.sparsity.keras.UpdatePruningStep()])
+    expected = model.predict(x, verbose=0)
+    path = str(tmp_path / "attention.keras")
+    model.save(path)
+    with tfmot.sparsity.keras.prune_scope():
+        loaded = keras.models.load_model(path)
+    np.testing.assert_allclose(loaded.predict(x, verbose=0), expected, atol=1e-6)
+    plain = tfmot.sparsity.keras.strip_pruning(model)
+    assert isinstance(plain.get_layer("attention"), keras.layers.MultiHeadAttention)
+    np.testing.assert_allclose(plain.predict(x, verbose=0), expected, atol=1e-6)
+    attention = plain.get_layer("attention")
+    for dense in (attention.query_dense, attention.key_dense, attention.value_dense,
+                  attention.output_dense, plain.get_layer("mix")):
+        zeros = np.mean(keras.ops.convert_to_numpy(dense.kernel) == 0)
+        assert zeros == pytest.approx(0.75, abs=0.02), dense.name
+
+
+def test_attention_is_quantized_only_with_a_config_as_in_tfmot():
+    model = _attention_model()
+    with pytest.raises(RuntimeError, match="keeps attention in float"):
+        tfmot.quantization.keras.quantize_model(model)
+    with pytest.warns(UserWarning, match=r"leaves the layers \['attention'\]"):
+        quantized = kdist.sparsity.quantize(model)
+    assert isinstance(quantized.get_layer("attention"), keras.layers.MultiHeadAttention)
+    unbuilt = keras.layers.MultiHeadAttention(2, 4)
+    wrapper = prune_low_magnitude(unbuilt, pruning_schedule=tfmot.sparsity.keras.ConstantSparsity(
+        0.5, begin_step=0))
+    with pytest.raises(ValueError, match="built first"):
+        wrapper(keras.Input((6, 8)), keras.Input((4, 8)))

@@ -15,8 +15,8 @@ from kdist import _keras_private
 from kdist.sparsity.configured import (QuantizeWithConfig, check_quantize_config,
                                         config_with_quantize_config)
 from kdist.sparsity.quantization import quantize
-from kdist.sparsity.wrapping import (fresh_copy, kernel_variable, rewrite, wrapper_from_config,
-                                     wrappers_in)
+from kdist.sparsity.wrapping import (build_from_call, builds_from_several_inputs, fresh_copy,
+                                     kernel_variable, rewrite, wrapper_from_config, wrappers_in)
 
 
 @keras.saving.register_keras_serializable(package="kdist")
@@ -35,11 +35,25 @@ class QuantizeAnnotate(keras.layers.Wrapper):
                                  or getattr(layer, "_input_shape_arg", None))
         self.quantize_config = check_quantize_config(quantize_config)
 
+    def build(self, input_shape=None):
+        # A mark has no weights: a layer built from several inputs (attention) builds
+        # itself when the mark first calls it with them all.
+        if not builds_from_several_inputs(self.layer):
+            super().build(input_shape)
+        self.built = True
+
     def call(self, inputs, *args, **kwargs):
         return self.layer(inputs, *args, **kwargs)
 
     def compute_output_shape(self, input_shape):
         return self.layer.compute_output_shape(input_shape)
+
+    def compute_output_spec(self, inputs, *args, **kwargs):
+        # The layer's own rule, for layers called on several inputs (attention), which
+        # are built here from them all.
+        if not self.layer.built:
+            build_from_call(self.layer, inputs, *args, **kwargs)
+        return self.layer.compute_output_spec(inputs, *args, **kwargs)
 
     copied_by_kdist = True
 

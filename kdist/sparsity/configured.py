@@ -16,7 +16,7 @@ import abc
 
 import keras
 
-from kdist.sparsity.wrapping import wrapper_from_config
+from kdist.sparsity.wrapping import check_buildable, wrapper_from_config
 
 # Activations whose inputs an integer engine quantises (they saturate, and their
 # own outputs have a fixed range) and those whose outputs it quantises.
@@ -182,6 +182,7 @@ class QuantizeWithConfig(keras.layers.Wrapper):
         return {"quantize_config": self.quantize_config}
 
     def build(self, input_shape=None):
+        check_buildable(self, self.layer)
         super().build(input_shape)
         config, layer = self.quantize_config, self.layer
         owned = {id(variable) for variable in layer.variables}
@@ -208,7 +209,7 @@ class QuantizeWithConfig(keras.layers.Wrapper):
             self._output_variables = self._output_quantizers[0].build(shape, "output", self)
         self.built = True
 
-    def call(self, inputs, training=None, **kwargs):
+    def call(self, inputs, *args, training=None, **kwargs):
         training = bool(training)
         given = {id(weight): quantizer(weight.value, training, variables)
                  for weight, quantizer, variables in self._weight_quantizers}
@@ -219,7 +220,7 @@ class QuantizeWithConfig(keras.layers.Wrapper):
         mapping = [(variable, given.get(id(variable), variable.value))
                    for variable in self.layer.variables + own]
         with keras.StatelessScope(mapping, collect_losses=True) as scope:
-            outputs = self.layer(inputs, training=training, **kwargs)
+            outputs = self.layer(inputs, *args, training=training, **kwargs)
         # Statistics the layer or an activation quantizer updated in the scope are kept.
         for variable, value in mapping:
             updated = scope.get_current_value(variable)
@@ -236,6 +237,10 @@ class QuantizeWithConfig(keras.layers.Wrapper):
 
     def compute_output_shape(self, input_shape):
         return self.layer.compute_output_shape(input_shape)
+
+    def compute_output_spec(self, inputs, *args, **kwargs):
+        # The layer's own rule, for layers called on several inputs (attention).
+        return self.layer.compute_output_spec(inputs, *args, **kwargs)
 
     @property
     def base_layer(self):

@@ -272,7 +272,7 @@ def quantize(model, bits=8, per_channel=True, activations=True, preserve_sparsit
         return QuantizeAware(layer, name=f"{prefix}{layer.name}", **options)
 
     quantized = wrap_layers(model, wrap, QuantizeAware,
-                            skip, "quantize", recurrent=False)
+                            skip, "quantize", several_kernels=False)
     if preserve_sparsity:
         for wrapper in wrappers_in(quantized, QuantizeAware):
             if wrapper.built and not isinstance(wrapper.layer, PruneLowMagnitude):

@@ -10,6 +10,7 @@ chain, innermost first, in one scope.
 carrying every weight over; `strip` uses it to drop the wrappers again.
 """
 
+import inspect
 import warnings
 
 import keras
@@ -26,6 +27,9 @@ _INITIALIZER_NAMES = ("kernel_initializer", "pointwise_initializer", "depthwise_
 
 
 _RECURRENT = (keras.layers.RNN, keras.layers.Bidirectional)
+# Layers whose weights to transform sit in several sublayers: pruning handles them,
+# quantisation (one kernel, one output per layer) leaves them in float.
+_SEVERAL_KERNELS = _RECURRENT + (keras.layers.MultiHeadAttention,)
 
 
 def target_variables(layer):
@@ -34,13 +38,19 @@ def target_variables(layer):
     A layer that names its own weights to prune (`get_prunable_weights`, as
     `kdist.sparsity.PrunableLayer` asks) gets those. A recurrent layer (LSTM,
     GRU, SimpleRNN, ConvLSTM, Bidirectional) gets its cells' input and
-    recurrent kernels.
+    recurrent kernels; a MultiHeadAttention its query, key, value and output
+    kernels.
     """
     chosen = getattr(layer, "get_prunable_weights", None)
     if callable(chosen) and layer.built:
         return list(chosen())
     if isinstance(layer, keras.layers.Bidirectional):
         return target_variables(layer.forward_layer) + target_variables(layer.backward_layer)
+    if isinstance(layer, keras.layers.MultiHeadAttention):
+        if not layer.built:
+            return []
+        return [dense.kernel for dense in (layer.query_dense, layer.key_dense,
+                                           layer.value_dense, layer.output_dense)]
     if isinstance(layer, keras.layers.RNN):
         cells = getattr(layer.cell, "cells", [layer.cell])  # StackedRNNCells holds several
         return [variable for cell in cells for name in ("kernel", "recurrent_kernel")
@@ -51,6 +61,23 @@ def target_variables(layer):
         if isinstance(value, keras.Variable) and value.trainable:
             return [value]
     return []
+
+
+def builds_from_several_inputs(layer):
+    """Whether `layer.build` needs more than one shape (MultiHeadAttention's query and
+    value): a wrapper, given one input shape when it builds, cannot build it."""
+    parameters = inspect.signature(layer.build).parameters.values()
+    return sum(p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+               for p in parameters) > 1
+
+
+def build_from_call(layer, inputs, *args, **kwargs):
+    """Builds `layer` from the shapes of the tensors it is called on, each passed to
+    the `build` argument named after it (`value` to `value_shape`), as Keras does."""
+    bound = inspect.signature(layer.call).bind(inputs, *args, **kwargs).arguments
+    accepted = inspect.signature(layer.build).parameters
+    layer.build(**{f"{name}_shape": tuple(value.shape) for name, value in bound.items()
+                   if f"{name}_shape" in accepted and hasattr(value, "shape")})
 
 
 def kernel_variable(layer):
@@ -71,7 +98,13 @@ def fresh_copy(layer):
         config["layer"] = fresh_copy(layer.layer)
         config.update(layer.object_arguments())
         return type(layer).from_config(config)
-    return type(layer).from_config(layer.get_config())
+    copy = type(layer).from_config(layer.get_config())
+    build_config = layer.get_build_config() if layer.built else None
+    if build_config and "shapes_dict" in build_config:
+        # Built from several inputs (query and value): a wrapper, which sees one
+        # input shape when it builds, could not build the copy itself.
+        copy.build_from_config(build_config)
+    return copy
 
 
 def wrapper_from_config(cls, config, custom_objects=None):
@@ -82,6 +115,17 @@ def wrapper_from_config(cls, config, custom_objects=None):
         config["layer"] = keras.saving.deserialize_keras_object(
             config["layer"], custom_objects=custom_objects)
     return cls(**config)
+
+
+def check_buildable(wrapper, layer):
+    """Refuses to build `wrapper` around `layer` when only its first input's shape is
+    known and `layer` needs more (a wrapper with weights of its own builds first)."""
+    if not layer.built and builds_from_several_inputs(layer):
+        raise ValueError(
+            f"{type(wrapper).__name__} needs {type(layer).__name__} {layer.name!r} built "
+            "first: it builds from several inputs (a query and a value), and a wrapper is "
+            "given one input shape. Call the layer on them (or wrap the model it is used "
+            "in) before wrapping it.")
 
 
 class KernelWrapper(keras.layers.Wrapper):
@@ -126,6 +170,7 @@ class KernelWrapper(keras.layers.Wrapper):
         return chain[::-1]  # innermost first
 
     def build(self, input_shape=None):
+        check_buildable(self, self.base_layer)
         super().build(input_shape)
         if not self.targets:
             raise ValueError(f"{type(self).__name__} needs a layer with a kernel; "
@@ -173,7 +218,7 @@ class KernelWrapper(keras.layers.Wrapper):
             value = wrapper.transform_bias(value, training)
         return value
 
-    def call(self, inputs, training=None, **kwargs):
+    def call(self, inputs, *args, training=None, **kwargs):
         training = bool(training)
         base, bias = self.base_layer, self.bias
         given = {id(target): self.effective_kernel(training, index)
@@ -185,7 +230,7 @@ class KernelWrapper(keras.layers.Wrapper):
             given.setdefault(id(variable), variable.value)
             mapping.append((variable, given[id(variable)]))
         with keras.StatelessScope(mapping, collect_losses=True) as scope:
-            outputs = base(inputs, training=training, **kwargs)
+            outputs = base(inputs, *args, training=training, **kwargs)
         # What the layer assigned inside the scope (statistics, seeds) is applied now.
         for variable in base.variables:
             updated = scope.get_current_value(variable)
@@ -199,6 +244,10 @@ class KernelWrapper(keras.layers.Wrapper):
 
     def compute_output_shape(self, input_shape):
         return self.base_layer.compute_output_shape(input_shape)
+
+    def compute_output_spec(self, inputs, *args, **kwargs):
+        # The base layer's own rule, for layers called on several inputs.
+        return self.base_layer.compute_output_spec(inputs, *args, **kwargs)
 
     @classmethod
     def from_config(cls, config, custom_objects=None):
@@ -267,13 +316,14 @@ def rewrite(model, replace, caller):
     return copy
 
 
-def wrap_layers(model, wrap, kind, skip, verb, recurrent=True):
+def wrap_layers(model, wrap, kind, skip, verb, several_kernels=True):
     """`wrap(layer)` around every layer with a kernel that is not already a `kind`.
 
     A Sequential or functional model is copied (weights included) with its
     layers wrapped; a single layer is wrapped as it is. `skip` holds layer
     names or classes to leave alone. `verb` names the caller in errors.
-    `recurrent`: whether `kind` handles recurrent layers' two kernels.
+    `several_kernels`: whether `kind` handles layers with several kernels
+    (recurrent layers, MultiHeadAttention).
     """
     skip = tuple(skip) if isinstance(skip, (list, tuple, set)) else (skip,)
     for entry in skip:
@@ -288,8 +338,8 @@ def wrap_layers(model, wrap, kind, skip, verb, recurrent=True):
         if isinstance(layer, kind) or skipped(layer):
             return False
         base = layer.base_layer if isinstance(layer, KernelWrapper) else layer
-        if isinstance(base, _RECURRENT):
-            return recurrent
+        if isinstance(base, _SEVERAL_KERNELS):
+            return several_kernels
         return kernel_variable(base) is not None or (not base.built and (
             any(hasattr(base, name) for name in _INITIALIZER_NAMES)
             or hasattr(base, "get_prunable_weights")))
@@ -306,12 +356,13 @@ def wrap_layers(model, wrap, kind, skip, verb, recurrent=True):
 
         wrapped = rewrite(model, replace, verb)
         left = [layer.name for layer in _keras_private.flatten_layers(model, include_self=False)
-                if isinstance(layer, _RECURRENT) and not skipped(layer)]
-        if left and not recurrent:
+                if isinstance(layer, _SEVERAL_KERNELS) and not skipped(layer)]
+        if left and not several_kernels:
             warnings.warn(
-                f"{verb}() leaves the recurrent layers {left} as they are: it handles "
-                "one kernel per layer, and a recurrent layer keeps two in its cell. Skip "
-                "them explicitly to silence this.", stacklevel=3)
+                f"{verb}() leaves the layers {left} as they are: it handles one kernel "
+                "per layer, and a recurrent layer keeps two in its cell, a "
+                "MultiHeadAttention four in its sublayers. Skip them explicitly to silence "
+                "this.", stacklevel=3)
         if not chosen:
             raise ValueError(f"Nothing to {verb} in model {model.name!r}: no layer with a "
                              f"kernel is left after skip={list(skip)}.")
