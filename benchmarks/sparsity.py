@@ -14,7 +14,8 @@ Each variant is then fine-tuned for `--epochs` epochs with Adam (1e-3, batch 128
 - `pruned@s`: PolynomialDecay(0 -> s, power 3) over the first 70% of the steps,
   masks updated every 20 steps, every Dense layer but the last pruned;
 - `qat{b}`: b-bit quantization-aware training of the whole model (kdist:
-  float per-channel scales; tfmot: its default 8-bit scheme only; HGQ2: QDense
+  float per-channel scales; tfmot: its default 8-bit scheme, and its experimental
+  n-bit scheme (`DefaultNBitQuantizeScheme`) at other widths; HGQ2: QDense
   layers with fixed, untrained widths: b bits with 0 integer bits for weights
   and biases, 3 for activations, saturating, as a QKeras user would set them);
 - `fixed{b}`: kdist's fixed-point QAT (`fixed_point=True`), what
@@ -151,7 +152,7 @@ def run_hgq2(weights, seed, train, test, epochs, widths):
     return results, seconds, sizes
 
 
-def run_tfmot(weights, seed, train, test, epochs, sparsities):
+def run_tfmot(weights, seed, train, test, epochs, sparsities, widths):
     import tf_keras
 
     from kdist.sparsity.bridge import tfmot as load_tfmot
@@ -173,7 +174,7 @@ def run_tfmot(weights, seed, train, test, epochs, sparsities):
         if name.startswith("pruned"):
             model = prune.strip_pruning(model)
         results[name] = accuracy(model, test)
-        bits = 8 if name == "qat8" else 32
+        bits = int(name[3:]) if name.startswith("qat") else 32
         sizes[name] = weight_bytes([w for w in model.get_weights()
                                     if w.ndim in (1, 2) and w.size > 10], bits)
 
@@ -189,7 +190,17 @@ def run_tfmot(weights, seed, train, test, epochs, sparsities):
     for s in sparsities:
         schedule = prune.PolynomialDecay(0.0, s, 0, int(RAMP * steps), frequency=FREQUENCY)
         fine_tune(f"pruned@{s}", pruned(schedule), [prune.UpdatePruningStep()])
-    fine_tune("qat8", tfmot.quantization.keras.quantize_model)
+    quantization = tfmot.quantization.keras
+
+    def n_bits(bits):
+        # tfmot's experimental scheme for other widths: weights and activations in `bits`.
+        scheme = quantization.experimental.default_n_bit.DefaultNBitQuantizeScheme(
+            num_bits_weight=bits, num_bits_activation=bits)
+        return lambda m: quantization.quantize_apply(quantization.quantize_annotate_model(m),
+                                                     scheme)
+
+    for b in widths:
+        fine_tune(f"qat{b}", quantization.quantize_model if b == 8 else n_bits(b))
     return results, seconds, sizes
 
 
@@ -229,7 +240,8 @@ def main():
                "weight_bytes": {}}
         measured = {"kdist": run_kdist(weights, seed, train, test, args.epochs, sparsities,
                                        widths),
-                    "tfmot": run_tfmot(weights, seed, train, test, args.epochs, sparsities)}
+                    "tfmot": run_tfmot(weights, seed, train, test, args.epochs, sparsities,
+                                       widths)}
         if "hgq2" in libraries:
             measured["hgq2"] = run_hgq2(weights, seed, train, test, args.epochs, widths)
         for lib, (results, seconds, sizes) in measured.items():

@@ -194,7 +194,7 @@ def test_sparsity_benchmark_compares_kdist_with_tfmot():
     result = _json_from(done.stdout)
     (run,) = result["runs"]
     assert set(run["kdist"]) == {"dense", "pruned@0.5", "qat8", "fixed8", "qat4", "fixed4"}
-    assert set(run["tfmot"]) == {"dense", "pruned@0.5", "qat8"}
+    assert set(run["tfmot"]) == {"dense", "pruned@0.5", "qat8", "qat4"}
     for lib in ("kdist", "tfmot"):
         assert all(0.0 < accuracy <= 1.0 for accuracy in run[lib].values())
     table = result["summary"]["table"]
