@@ -28,6 +28,7 @@ SERIALIZABLE_MODULES = (
     "kdist.sparsity.quantizers",  # LastValueQuantizer and the other quantizers
     "kdist.sparsity.inputs",  # QuantizeLayer, FixedRangeConfig
     "kdist.sparsity.weightless",  # the configs of layers without weights
+    "kdist.sparsity.registry",  # KernelQuantizeConfig
     "kdist.sparsity.schedules",  # the pruning schedules
     "kdist.gan.gan",  # GAN
     "kdist.distribute.sync_batch_norm",  # SyncBatchNormalization

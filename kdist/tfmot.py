@@ -26,6 +26,7 @@ configs' `set_quantize_weights` never called, and no pruning policies.
 """
 
 import contextlib
+import functools
 import sys
 import types
 
@@ -38,6 +39,7 @@ from kdist.sparsity import bridge as _bridge
 from kdist.sparsity import configured as _configured
 from kdist.sparsity import inputs as _inputs
 from kdist.sparsity import quantizers as _quantizers
+from kdist.sparsity import registry as _registry
 from kdist.sparsity import weightless as _weightless
 from kdist.sparsity import wrapping as _wrapping
 
@@ -119,16 +121,48 @@ def prune_low_magnitude(to_prune, pruning_schedule=None, block_size=(1, 1),
 
     def wrap(layer, **arguments):
         _check_prunable(layer)
+        if not hasattr(layer, "get_prunable_weights"):
+            # tfmot gives each Keras layer it wraps this method, and scripts call it.
+            layer.get_prunable_weights = functools.partial(_wrapping.kernel_targets, layer)
         arguments.setdefault("name", f"prune_low_magnitude_{layer.name}")  # tfmot's name
         return _sparsity.PruneLowMagnitude(layer, pruning_schedule, **pattern,
                                            require_step_callback=True, **arguments)
 
+    # As tfmot, every layer is wrapped, those with nothing to prune (Dropout, pooling,
+    # Add) included.
     if isinstance(to_prune, (list, tuple)):
-        return [_wrapping.wrap_layers(layer, wrap, _sparsity.PruneLowMagnitude, (), "prune")
+        return [_wrapping.wrap_layers(layer, wrap, _sparsity.PruneLowMagnitude, (), "prune",
+                                      every_layer=True)
                 for layer in to_prune]
+    if isinstance(to_prune, keras.Model):
+        _check_prunable_model(to_prune)  # before anything is copied, as tfmot refuses it
     # kwargs is empty for a model (refused above).
-    return _wrapping.wrap_layers(to_prune, lambda layer: wrap(layer, **kwargs),
-                                 _sparsity.PruneLowMagnitude, (), "prune")
+    return _uncompiled(_wrapping.wrap_layers(to_prune, lambda layer: wrap(layer, **kwargs),
+                                             _sparsity.PruneLowMagnitude, (), "prune",
+                                             every_layer=True))
+
+
+def _uncompiled(model):
+    """`model`'s graph as a model that is not compiled, as tfmot returns its copies (the
+    optimizer of the original has no business training the copy)."""
+    if not isinstance(model, keras.Model) or not model.compiled:
+        return model
+    if not isinstance(model, keras.Sequential):
+        return keras.Model(model.input, model.output, name=model.name)
+    start = []
+    if model.built and model.inputs:
+        first = model.inputs[0]
+        start = [keras.Input(batch_shape=first.shape, dtype=first.dtype,
+                             name=_keras_private.producing_layer_name(first))]
+    return keras.Sequential(start + model.layers, name=model.name)
+
+
+def _check_prunable_model(model):
+    for layer in model.layers:
+        if isinstance(layer, keras.Model):
+            _check_prunable_model(layer)
+        elif not isinstance(layer, (keras.layers.InputLayer, _sparsity.PruneLowMagnitude)):
+            _check_prunable(layer)
 
 
 _CONV_LSTM = ("ConvLSTM1D", "ConvLSTM2D", "ConvLSTM3D")
@@ -253,8 +287,20 @@ def quantize_model(to_quantize, quantized_layer_name_prefix="quant_"):
     _check_built(to_quantize, "to_quantize")
     _check_quantizable(to_quantize.layers)
     annotated = _annotation.quantize_annotate_model(to_quantize)
-    return _inputs.quantize_inputs(_annotation.quantize_apply(
-        _with_weightless_configs(annotated), name_prefix=quantized_layer_name_prefix))
+    return _ranges_from_six(_inputs.quantize_inputs(_annotation.quantize_apply(
+        _with_weightless_configs(annotated), name_prefix=quantized_layer_name_prefix)))
+
+
+def _ranges_from_six(model):
+    """`model` with its layers' untrained output ranges starting at [-6, 6], where tfmot's
+    moving averages start (kdist's own start at the first batch's range). A model
+    converted before any training is then quantised over that range, as in tfmot."""
+    for wrapper in _wrapping.wrappers_in(model, _sparsity.QuantizeAware):
+        if wrapper.built and wrapper.activations and float(wrapper.range_seen.value) == 0:
+            wrapper.output_min.assign(-6.0)
+            wrapper.output_max.assign(6.0)
+            wrapper.range_seen.assign(1.0)
+    return model
 
 
 def quantize_annotate_layer(to_annotate, quantize_config=None):
@@ -281,7 +327,7 @@ def quantize_annotate_model(to_annotate):
         return real.quantization.keras.quantize_annotate_model(to_annotate)
     _check_model(to_annotate, "to_annotate", " Use quantize_annotate_layer for a layer.")
     _check_flat(to_annotate, "to_annotate")
-    return _annotation.quantize_annotate_model(to_annotate)
+    return _uncompiled(_annotation.quantize_annotate_model(to_annotate))
 
 
 def quantize_apply(model, scheme=None, quantized_layer_name_prefix="quant_"):
@@ -304,9 +350,9 @@ def quantize_apply(model, scheme=None, quantized_layer_name_prefix="quant_"):
                          "ranges); leave scheme out, and give a layer other quantizers with "
                          "quantize_annotate_layer(layer, quantize_config).")
     _check_quantizable(_wrapping.wrappers_in(model, _annotation.QuantizeAnnotate))
-    return _inputs.quantize_inputs(_annotation.quantize_apply(
+    return _ranges_from_six(_inputs.quantize_inputs(_annotation.quantize_apply(
         _with_weightless_configs(model), name_prefix=quantized_layer_name_prefix),
-        only_before_quantized=True)
+        only_before_quantized=True))
 
 
 class UpdatePruningStep(_sparsity.UpdatePruning):
@@ -450,6 +496,24 @@ class QuantizeWrapper(_configured.QuantizeWithConfig, metaclass=_EitherQuantizeW
     """
 
 
+class Default8BitQuantizeRegistry(_registry.QuantizeRegistry):
+    """tfmot's default 8-bit registry: `kdist.sparsity.QuantizeRegistry`'s configs for
+    Keras 3 layers; a tf_keras layer gets tensorflow-model-optimization's own answer."""
+
+    def supports(self, layer):
+        if _bridge.is_tf_keras(layer):
+            return self._real().supports(layer)
+        return super().supports(layer)
+
+    def get_quantize_config(self, layer):
+        if _bridge.is_tf_keras(layer):
+            return self._real().get_quantize_config(layer)
+        return super().get_quantize_config(layer)
+
+    def _real(self):
+        return _bridge.tfmot().quantization.keras.default_8bit.Default8BitQuantizeRegistry()
+
+
 quantization = _namespace("quantization", "tfmot.quantization over kdist.sparsity.",
                           keras=_namespace(
     "quantization.keras", "tfmot.quantization.keras over kdist.sparsity.",
@@ -464,6 +528,10 @@ quantization = _namespace("quantization", "tfmot.quantization over kdist.sparsit
     # What quantize_apply wraps layers in, under tfmot's two names for it.
     QuantizeWrapper=QuantizeWrapper,
     QuantizeWrapperV2=QuantizeWrapper,
+    default_8bit=_namespace(
+        "quantization.keras.default_8bit", "tfmot's default 8-bit scheme's registry over "
+        "kdist.sparsity.QuantizeRegistry.",
+        Default8BitQuantizeRegistry=Default8BitQuantizeRegistry),
     quantizers=_namespace(
         "quantization.keras.quantizers", "tfmot.quantization.keras.quantizers over "
         "kdist.sparsity.quantizers.",

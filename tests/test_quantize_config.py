@@ -543,3 +543,37 @@ def test_attention_annotated_with_a_config_is_quantised_on_its_two_inputs():
     # The value input reached the layer: the stripped float model agrees on both inputs.
     np.testing.assert_allclose(plain.predict(x, verbose=0), expected, atol=1e-5)
     assert not np.allclose(model.predict(x, verbose=0), expected, atol=1e-3)
+
+
+def test_the_default_registry_quantises_layers_as_tfmot_s_default_scheme():
+    registry = qk.default_8bit.Default8BitQuantizeRegistry()
+    assert isinstance(registry, kdist.sparsity.QuantizeRegistry)
+    kernel = np.array([[-1.0, 0.0], [0.0, 1.0]], dtype="float32")
+    dense = keras.layers.Dense(2, kernel_initializer=keras.initializers.Constant(kernel))
+    model = keras.Sequential([keras.Input((2,)),
+                              qk.QuantizeWrapper(dense, registry.get_quantize_config(dense))])
+    # Kernel and output over the starting range [-6, 6]: 1 -> 0.992 (narrow) -> 0.988.
+    np.testing.assert_allclose(model.predict(np.ones((1, 2)), verbose=0),
+                               [[-0.9882353, 0.9882353]], atol=1e-6)
+    conv = keras.layers.Conv2D(3, 2)
+    config = registry.get_quantize_config(conv)
+    assert config.get_config() == {"weight": "kernel", "per_axis": True, "bits": 8}
+    images = np.random.default_rng(0).random((2, 4, 5, 1)).astype("float32")
+    quantized = keras.Sequential([keras.Input((4, 5, 1)), qk.QuantizeWrapper(conv, config)])
+    plain = keras.Sequential([keras.Input((4, 5, 1)), keras.layers.Conv2D(3, 2)])
+    kernel, bias = conv.get_weights()
+    fake = keras.quantizers.fake_quant_with_min_max_vars
+    plain.set_weights([keras.ops.convert_to_numpy(fake(kernel, -6.0, 6.0, 8, narrow_range=True)),
+                       bias])
+    np.testing.assert_allclose(quantized.predict(images, verbose=0),
+                               fake(plain.predict(images, verbose=0), -6.0, 6.0, 8), atol=1e-6)
+    relu = keras.layers.ReLU()
+    outputs = keras.Sequential([keras.Input((4,)),
+                                qk.QuantizeWrapper(relu, registry.get_quantize_config(relu))])
+    x = np.array([[-1.0, 0.1, 2.0, 7.0]], dtype="float32")
+    # ReLU's output on the 8-bit grid of [-6, 6]: 7 saturates at the top of the range.
+    np.testing.assert_allclose(outputs.predict(x, verbose=0), np.clip(x, 0.0, 6.0),
+                               atol=12 / 255 / 2 + 1e-6)
+    assert registry.supports(dense) and not registry.supports(keras.layers.LSTM(2))
+    with pytest.raises(ValueError, match="No default quantisation for .*LSTM"):
+        registry.get_quantize_config(keras.layers.LSTM(2))

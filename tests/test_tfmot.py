@@ -561,3 +561,132 @@ def test_attention_is_quantized_only_with_a_config_as_in_tfmot():
         0.5, begin_step=0))
     with pytest.raises(ValueError, match="built first"):
         wrapper(keras.Input((6, 8)), keras.Input((4, 8)))
+    # A wrapped layer is called as the layer is, inputs by keyword included.
+    built = model.get_layer("attention")
+    wrapper = prune_low_magnitude(built)
+    tokens, memory = keras.Input((6, 8)), keras.Input((4, 8))
+    np.testing.assert_allclose(
+        keras.Model([tokens, memory], wrapper(query=tokens, value=memory)).predict(
+            [np.ones((1, 6, 8)), np.ones((1, 4, 8))], verbose=0),
+        keras.Model([tokens, memory], built(query=tokens, value=memory)).predict(
+            [np.ones((1, 6, 8)), np.ones((1, 4, 8))], verbose=0), atol=1e-6)
+
+
+def test_every_layer_of_a_model_is_wrapped_as_tfmot_wraps_them(tmp_path):
+    # tfmot wraps layers with nothing to prune too (they keep computing as before), and
+    # gives each wrapped Keras layer `get_prunable_weights`.
+    keras.utils.set_random_seed(0)
+    images = keras.Input((8, 8, 1), name="images")
+    x = keras.layers.MaxPooling2D()(keras.layers.Conv2D(4, 3, name="conv")(images))
+    x = keras.layers.Dropout(0.2)(keras.layers.BatchNormalization()(x))
+    x = keras.layers.Flatten()(x)
+    logits = keras.layers.Add()([keras.layers.Dense(2)(x), keras.layers.Dense(2)(x)])
+    model = keras.Model(images, logits)
+    schedule = tfmot.sparsity.keras.ConstantSparsity(0.5, begin_step=0, frequency=1)
+    pruned = _compile(prune_low_magnitude(model, pruning_schedule=schedule))
+    wrapped = [layer for layer in pruned.layers if not isinstance(layer, keras.layers.InputLayer)]
+    assert len(wrapped) == 8 and all(isinstance(layer, kdist.sparsity.PruneLowMagnitude)
+                                     for layer in wrapped)
+    dropout = [layer for layer in wrapped if isinstance(layer.layer, keras.layers.Dropout)][0]
+    assert dropout.layer.get_prunable_weights() == [] and dropout.masks == []
+    conv = pruned.get_layer("prune_low_magnitude_conv")
+    assert conv.layer.get_prunable_weights() == [conv.layer.kernel]
+    x = np.random.default_rng(0).normal(size=(32, 8, 8, 1)).astype("float32")
+    y = np.arange(32) % 2
+    pruned.fit(x, y, epochs=1, verbose=0, callbacks=[tfmot.sparsity.keras.UpdatePruningStep()])
+    expected = pruned.predict(x, verbose=0)
+    assert set(kdist.sparsity.sparsity_of(pruned)) == {"conv", "dense", "dense_1"} or len(
+        kdist.sparsity.sparsity_of(pruned)) == 3
+    path = str(tmp_path / "every_layer.keras")
+    pruned.save(path)
+    np.testing.assert_allclose(keras.models.load_model(path).predict(x, verbose=0), expected,
+                               atol=1e-6)
+    plain = tfmot.sparsity.keras.strip_pruning(pruned)
+    assert [type(layer).__name__ for layer in plain.layers] == [
+        type(layer).__name__ for layer in model.layers]
+    np.testing.assert_allclose(plain.predict(x, verbose=0), expected, atol=1e-5)
+    # One layer with nothing to prune is wrapped on its own, or in a list, too.
+    assert isinstance(prune_low_magnitude(keras.layers.Dropout(0.5)),
+                      kdist.sparsity.PruneLowMagnitude)
+    assert len(prune_low_magnitude([keras.layers.MaxPooling2D(), keras.layers.Dense(2)])) == 2
+
+
+def test_a_model_holding_a_layer_tfmot_refuses_is_refused_before_it_is_copied():
+    class Block(keras.layers.Layer):  # a custom layer whose config cannot rebuild it
+        def __init__(self):
+            super().__init__()
+            self.dense = keras.layers.Dense(3)
+
+        def call(self, inputs):
+            return self.dense(inputs)
+
+    inputs = keras.Input((4,))
+    model = keras.Model(inputs, Block()(inputs))
+    with pytest.raises(ValueError, match="Block is not one of the Keras layers tfmot prunes"):
+        prune_low_magnitude(model)
+    # A copy that leaves such a layer alone shares it, as tfmot's copies do, and says so.
+    with pytest.warns(UserWarning, match="shares it"):
+        plain = tfmot.sparsity.keras.strip_pruning(model)
+    assert plain.layers[1] is model.layers[1]
+    x = np.ones((2, 4), dtype="float32")
+    np.testing.assert_allclose(plain.predict(x, verbose=0), model.predict(x, verbose=0))
+
+
+def test_copies_keep_the_input_names_and_structure_of_the_model():
+    pixels = keras.Input((10,), name="pixels")
+    model = _compile(keras.Model(pixels, keras.layers.Dense(2)(keras.layers.Dense(4)(pixels))))
+    schedule = tfmot.sparsity.keras.ConstantSparsity(0.5, begin_step=0)
+    copies = {"quantize_model": tfmot.quantization.keras.quantize_model(model),
+              "quantize_annotate_model": tfmot.quantization.keras.quantize_annotate_model(model),
+              "prune_low_magnitude": prune_low_magnitude(model, pruning_schedule=schedule)}
+    copies["strip_pruning"] = tfmot.sparsity.keras.strip_pruning(copies["prune_low_magnitude"])
+    for name, copy in copies.items():
+        assert copy.layers[0].name == "pixels", name
+        assert not isinstance(copy.input, list), name  # one input stays one tensor
+    for name in ("quantize_model", "quantize_annotate_model", "prune_low_magnitude"):
+        assert not copies[name].compiled, name  # as tfmot's: compile the copy afresh
+    sequential = _compile(_model())
+    assert not prune_low_magnitude(sequential, pruning_schedule=schedule).compiled
+    inputs = {"a": keras.Input((3,), name="a"), "b": keras.Input((3,), name="b")}
+    joined = keras.layers.Concatenate()([inputs["a"], inputs["b"]])
+    by_name = keras.Model(inputs, keras.layers.Dense(2)(joined))
+    quantized = tfmot.quantization.keras.quantize_model(by_name)
+    assert isinstance(quantized.input, dict) and sorted(quantized.input) == ["a", "b"]
+
+
+def _tflite_tensors(model):
+    converter = tf.lite.TFLiteConverter.from_keras_model(model)
+    converter.optimizations = [tf.lite.Optimize.DEFAULT]
+    interpreter = tf.lite.Interpreter(model_content=converter.convert())
+    return interpreter.get_tensor_details()
+
+
+def test_an_untrained_or_fixed_range_qat_model_converts_to_int8_as_tfmot_s():
+    # Output ranges start at [-6, 6] as tfmot's do, so a model converted before any
+    # training is quantised; a fixed range leaves no range variables in the step.
+    model = _model()
+    quantized = tfmot.quantization.keras.quantize_model(model)
+    int8 = {tuple(int(n) for n in t["shape"]): t for t in _tflite_tensors(quantized)
+            if t["dtype"] == np.int8}
+    assert (32, 10) in int8 and (2, 32) in int8  # the kernels
+    assert int8[(1, 2)]["quantization_parameters"]["scales"][0] == pytest.approx(12 / 255)
+    fixed = tfmot.quantization.keras.fix_input_output_range(quantized, input_min=0.0,
+                                                            input_max=1.0, output_min=0.0,
+                                                            output_max=1.0)
+    tensors = _tflite_tensors(fixed)
+    assert not any(t["dtype"] == np.bool_ or "range_seen" in t["name"] for t in tensors)
+    scales = sorted(float(t["quantization_parameters"]["scales"][0]) for t in tensors
+                    if t["dtype"] == np.int8 and len(t["quantization_parameters"]["scales"]) == 1)
+    assert scales.count(pytest.approx(1 / 255)) >= 2  # the input and the output
+
+
+def test_annotating_a_model_leaves_lambda_layers_and_refuses_a_model_as_a_layer():
+    model = keras.Sequential([keras.Input((5,)), keras.layers.Dense(4),
+                              keras.layers.Lambda(lambda x: x + 1.0)])
+    with pytest.warns(UserWarning, match="Lambda layers"):
+        annotated = tfmot.quantization.keras.quantize_annotate_model(model)
+    assert isinstance(annotated.layers[1], keras.layers.Lambda)
+    x = np.random.default_rng(0).normal(size=(3, 5)).astype("float32")
+    np.testing.assert_allclose(annotated.predict(x, verbose=0), model.predict(x, verbose=0))
+    with pytest.raises(ValueError, match="quantize_annotate_model"):
+        kdist.sparsity.QuantizeAnnotate(model)

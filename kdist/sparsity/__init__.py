@@ -33,7 +33,9 @@ _LAZY = {
     "QuantizeAnnotate": "kdist.sparsity.annotation",
     "QuantizeAware": "kdist.sparsity.quantization",
     "QuantizeAwareActivation": "kdist.sparsity.configured",
+    "KernelQuantizeConfig": "kdist.sparsity.registry",
     "QuantizeLayer": "kdist.sparsity.inputs",
+    "QuantizeRegistry": "kdist.sparsity.registry",
     "QuantizeConfig": "kdist.sparsity.configured",
     "QuantizeWithConfig": "kdist.sparsity.configured",
     "Quantizer": "kdist.sparsity.quantizers",
@@ -110,6 +112,7 @@ if _TYPE_CHECKING:  # what documentation tools and type checkers read; never run
         LastValueQuantizer,
         MovingAverageQuantizer,
         Quantizer)
+    from kdist.sparsity.registry import KernelQuantizeConfig, QuantizeRegistry  # noqa: F401
     from kdist.sparsity.schedules import (  # noqa: F401
         ConstantSparsity,
         PolynomialDecay,
@@ -117,11 +120,11 @@ if _TYPE_CHECKING:  # what documentation tools and type checkers read; never run
     from kdist.sparsity.wrapping import KernelWrapper, strip  # noqa: F401
 
 __all__ = [
-    "AllValuesQuantizer", "ConstantSparsity", "FixedQuantizer", "FixedType", "KernelWrapper",
-    "LastValueQuantizer", "MovingAverageQuantizer", "PolynomialDecay", "PrunableLayer",
+    "AllValuesQuantizer", "ConstantSparsity", "FixedQuantizer", "FixedType",
+    "KernelQuantizeConfig", "KernelWrapper", "LastValueQuantizer", "MovingAverageQuantizer", "PolynomialDecay", "PrunableLayer",
     "PruneLowMagnitude", "PruningSchedule", "PruningSummaries", "QuantizeAnnotate",
     "QuantizeAware", "QuantizeAwareActivation", "QuantizeConfig", "QuantizeLayer",
-    "QuantizeWithConfig", "Quantizer", "SyncQuantizeRanges", "UpdatePruning", "block_mask",
+    "QuantizeRegistry", "QuantizeWithConfig", "Quantizer", "SyncQuantizeRanges", "UpdatePruning", "block_mask",
     "compare_hls4ml", "export_hls4ml", "export_quantized", "export_tflite", "fake_quantize",
     "fix_input_output_range", "keras_int8", "magnitude_mask", "n_of_m_mask", "predict_hls4ml",
     "prune", "pruned_layers", "quantize", "quantize_annotate_layer", "quantize_annotate_model",

@@ -9,6 +9,8 @@ marked with a `QuantizeConfig` is quantised as its config says instead
 quantizers other than kdist's, is quantised.
 """
 
+import warnings
+
 import keras
 
 from kdist import _keras_private
@@ -28,6 +30,9 @@ class QuantizeAnnotate(keras.layers.Wrapper):
     """
 
     def __init__(self, layer, quantize_config=None, **kwargs):
+        if isinstance(layer, keras.Model):
+            raise ValueError(f"QuantizeAnnotate marks a layer; {layer.name!r} is a model. Use "
+                             "quantize_annotate_model to mark a model's layers.")
         kwargs.setdefault("name", f"quantize_annotate_{layer.name}")
         kwargs.setdefault("dtype", layer.dtype_policy)
         super().__init__(layer, **kwargs)
@@ -99,13 +104,24 @@ def quantize_annotate_model(to_annotate):
         raise TypeError(f"quantize_annotate_model() takes a Keras model; got "
                         f"{type(to_annotate).__name__}. Use quantize_annotate_layer for a layer.")
 
+    lambdas = []
+
     def replace(layer):
         if isinstance(layer, (QuantizeAnnotate, keras.layers.InputLayer)):
+            return None
+        if isinstance(layer, keras.layers.Lambda):
+            lambdas.append(layer.name)  # what it computes is not known: left in float
             return None
         fresh = fresh_copy(layer)
         return QuantizeAnnotate(fresh), fresh, layer.get_weights() if layer.built else None
 
-    return rewrite(to_annotate, replace, "quantize_annotate_model")
+    annotated = rewrite(to_annotate, replace, "quantize_annotate_model")
+    if lambdas:
+        warnings.warn(f"quantize_annotate_model leaves the Lambda layers {lambdas} unmarked: "
+                      "their computation is not known, so they stay in float. Mark one with "
+                      "quantize_annotate_layer(layer, quantize_config) to quantise it.",
+                      stacklevel=2)
+    return annotated
 
 
 def quantize_apply(model, bits=8, per_channel=True, activations=True, preserve_sparsity=True,

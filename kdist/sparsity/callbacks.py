@@ -20,7 +20,7 @@ def sparsity_of(model):
     return {wrapper.base_layer.name: float(np.mean(np.concatenate([
         keras.ops.convert_to_numpy(wrapper.effective_kernel(False, index)).ravel()
         for index in range(len(wrapper.targets))]) == 0))
-        for wrapper in pruned_layers(model)}
+        for wrapper in pruned_layers(model) if wrapper.targets}
 
 
 class UpdatePruning(keras.callbacks.Callback):

@@ -211,7 +211,8 @@ class QuantizeWithConfig(keras.layers.Wrapper):
 
     def call(self, inputs, *args, training=None, **kwargs):
         training = bool(training)
-        given = {id(weight): quantizer(weight.value, training, variables)
+        # Quantizers get tensors (a variable's value is a variable again under TF).
+        given = {id(weight): quantizer(keras.ops.copy(weight.value), training, variables)
                  for weight, quantizer, variables in self._weight_quantizers}
         for activation in self._activations:
             activation.training = training

@@ -15,7 +15,7 @@ from kdist import _keras_private
 from kdist.sparsity.configured import QuantizeConfig, QuantizeWithConfig
 from kdist.sparsity.quantization import QuantizeAware
 from kdist.sparsity.quantizers import AllValuesQuantizer, FixedQuantizer, Quantizer
-from kdist.sparsity.wrapping import fresh_copy, rewrite
+from kdist.sparsity.wrapping import fresh_copy, fresh_inputs, rewrite
 
 
 @keras.saving.register_keras_serializable(package="kdist")
@@ -88,11 +88,12 @@ def quantize_inputs(model, quantizer=None, only_before_quantized=False):
             model.layers and _quantised(model.layers[0])) else [
             QuantizeLayer(make(), name="quantize_layer")]
         result = keras.Sequential(
-            [keras.Input(batch_shape=first.shape, dtype=first.dtype)] + reader
+            [keras.Input(batch_shape=first.shape, dtype=first.dtype,
+                         name=_keras_private.producing_layer_name(first))] + reader
             + [copy(l) for l in model.layers], name=model.name)
     elif _keras_private.is_functional(model):
-        inputs = [keras.Input(batch_shape=t.shape, dtype=t.dtype, name=t.name)
-                  for t in model.inputs]
+        structure = fresh_inputs(model)
+        inputs = keras.tree.flatten(structure)
         quantized = {id(tensor): QuantizeLayer(
             make(), name="quantize_layer" + ("" if i == 0 else f"_{i}"))(tensor)
             for i, tensor in enumerate(inputs)}
@@ -105,10 +106,9 @@ def quantize_inputs(model, quantizer=None, only_before_quantized=False):
                     lambda value: quantized.get(id(value), value), (args, kwargs))
             return layer(*args, **kwargs)
 
-        clone = keras.models.clone_model(
-            model, input_tensors=keras.tree.pack_sequence_as(model.input, inputs),
-            clone_function=copy, call_function=through_quantizers)
-        result = keras.Model(clone.inputs, clone.outputs, name=model.name)
+        clone = keras.models.clone_model(model, input_tensors=structure, clone_function=copy,
+                                         call_function=through_quantizers)
+        result = keras.Model(clone.input, clone.output, name=model.name)
     else:
         raise TypeError(f"quantize_inputs takes a Sequential or functional model; got "
                         f"{type(model).__name__}.")
@@ -201,10 +201,18 @@ def fix_input_output_range(model, num_bits=8, input_min=0.0, input_max=1.0, outp
             config["output_range"] = (output_min, output_max)
             config["layer"] = fresh_copy(layer.layer)
             fixed = QuantizeAware.from_config(config)
+            ranged.append(fixed)
             return fixed, fixed, layer.get_weights() if layer.built else None
         return None
 
-    return rewrite(model, fix, "fix_input_output_range")
+    ranged = []
+    copy = rewrite(model, fix, "fix_input_output_range")
+    for wrapper in ranged:  # the tracked range was copied over with the weights
+        if wrapper.built:
+            wrapper.output_min.assign(output_min)
+            wrapper.output_max.assign(output_max)
+            wrapper.range_seen.assign(1.0)
+    return copy
 
 
 def remove_input_range(model):

@@ -51,13 +51,15 @@ class PruneLowMagnitude(KernelWrapper):
         """The schedule, under tfmot's attribute name."""
         return self.schedule
 
+    accepts_no_targets = True  # as tfmot wraps Dropout or pooling: nothing to prune
+
     def build_state(self, targets):
         def new_mask(name, target):
             return self.add_weight(name=name, shape=target.shape, initializer="ones",
                                    trainable=False, dtype="float32", autocast=False,
                                    aggregation="only_first_replica")
 
-        self.mask = new_mask("mask", targets[0])
+        self.mask = new_mask("mask", targets[0]) if targets else None
         # Steps trained so far: the schedule's clock lives with the layer, so a
         # new optimizer (recompiling, quantising, reloading) does not restart it.
         self.pruning_step = self.add_weight(name="pruning_step", shape=(),
@@ -66,8 +68,8 @@ class PruneLowMagnitude(KernelWrapper):
                                             aggregation="only_first_replica")
         # A recurrent layer's other kernels come last, so files of one-kernel
         # layers keep their layout.
-        self.masks = [self.mask] + [new_mask(f"mask_{i}", target)
-                                    for i, target in enumerate(targets[1:], 1)]
+        self.masks = [self.mask] * bool(targets) + [
+            new_mask(f"mask_{i}", target) for i, target in enumerate(targets[1:], 1)]
 
     def transform_kernel(self, value, training, index=0):
         if training and self.require_step_callback and not self.step_callback_attached:

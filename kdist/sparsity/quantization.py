@@ -159,9 +159,16 @@ class QuantizeAware(KernelWrapper):
                                     aggregation="only_first_replica")
         scalar = dict(shape=(), trainable=False, dtype="float32", autocast=False,
                       aggregation="mean")
-        self.output_min = self.add_weight(name="output_min", initializer="zeros", **scalar)
-        self.output_max = self.add_weight(name="output_max", initializer="zeros", **scalar)
-        self.range_seen = self.add_weight(name="range_seen", initializer="zeros", **scalar)
+        # A fixed range is known from the start (and the step graph then assigns nothing,
+        # so a converter sees constant bounds).
+        low, high = self.output_range or (0.0, 0.0)
+        self.output_min = self.add_weight(name="output_min", **scalar,
+                                          initializer=keras.initializers.Constant(low))
+        self.output_max = self.add_weight(name="output_max", **scalar,
+                                          initializer=keras.initializers.Constant(high))
+        self.range_seen = self.add_weight(
+            name="range_seen", **scalar,
+            initializer="ones" if self.output_range is not None else "zeros")
 
     def freeze_zeros(self):
         """Keeps the kernel's present zeros at zero from now on."""
@@ -184,9 +191,6 @@ class QuantizeAware(KernelWrapper):
         low, high = self.output_min, self.output_max
         if self.output_range is not None:
             low, high = self.output_range
-            self.output_min.assign(low)
-            self.output_max.assign(high)
-            self.range_seen.assign(1.0)
         elif training:
             floats = ops.cast(outputs, "float32")
             batch_low, batch_high = ops.min(floats), ops.max(floats)
@@ -204,7 +208,7 @@ class QuantizeAware(KernelWrapper):
             quantized = keras.quantizers.fake_quant_with_min_max_vars(
                 ops.cast(outputs, "float32"), ops.stop_gradient(low), ops.stop_gradient(high),
                 num_bits=self.bits)
-        if not training:
+        if not training and self.output_range is None:
             # Before any training step there is no range yet: pass values through.
             quantized = ops.where(self.range_seen > 0, quantized, ops.cast(outputs, "float32"))
         outputs = ops.cast(quantized, outputs.dtype)

@@ -44,6 +44,12 @@ def target_variables(layer):
     chosen = getattr(layer, "get_prunable_weights", None)
     if callable(chosen) and layer.built:
         return list(chosen())
+    return kernel_targets(layer)
+
+
+def kernel_targets(layer):
+    """The weights `target_variables` finds in a Keras layer by its kind, not asking
+    the layer's own `get_prunable_weights`."""
     if isinstance(layer, keras.layers.Bidirectional):
         return target_variables(layer.forward_layer) + target_variables(layer.backward_layer)
     if isinstance(layer, keras.layers.MultiHeadAttention):
@@ -98,7 +104,11 @@ def fresh_copy(layer):
         config["layer"] = fresh_copy(layer.layer)
         config.update(layer.object_arguments())
         return type(layer).from_config(config)
-    copy = type(layer).from_config(layer.get_config())
+    if isinstance(layer, keras.layers.Lambda):
+        # Its function is this process's own object, not code read from a file.
+        copy = keras.layers.Lambda.from_config(layer.get_config(), safe_mode=False)
+    else:
+        copy = type(layer).from_config(layer.get_config())
     build_config = layer.get_build_config() if layer.built else None
     if build_config and "shapes_dict" in build_config:
         # Built from several inputs (query and value): a wrapper, which sees one
@@ -136,6 +146,9 @@ class KernelWrapper(keras.layers.Wrapper):
     """
 
     copied_by_kdist = True
+    # Whether a layer with nothing to transform (Dropout, pooling, BatchNormalization)
+    # may be wrapped, to compute just what it computes.
+    accepts_no_targets = False
 
     def __init__(self, layer, **kwargs):
         kwargs.setdefault("dtype", layer.dtype_policy)
@@ -144,6 +157,15 @@ class KernelWrapper(keras.layers.Wrapper):
         # Given to the wrapper itself (tfmot passes layer arguments on), it wins.
         self._input_shape_arg = (getattr(self, "_input_shape_arg", None)
                                  or getattr(layer, "_input_shape_arg", None))
+
+    def __call__(self, *args, **kwargs):
+        if not args:
+            # Called with its inputs by keyword (`query=`, `value=`), as its layer may be:
+            # the first goes where the wrapper's `call` takes it.
+            first = next(iter(inspect.signature(self.base_layer.call).parameters), None)
+            if first in kwargs:
+                args = (kwargs.pop(first),)
+        return super().__call__(*args, **kwargs)
 
     @property
     def base_layer(self):
@@ -172,7 +194,7 @@ class KernelWrapper(keras.layers.Wrapper):
     def build(self, input_shape=None):
         check_buildable(self, self.base_layer)
         super().build(input_shape)
-        if not self.targets:
+        if not self.targets and not self.accepts_no_targets:
             raise ValueError(f"{type(self).__name__} needs a layer with a kernel; "
                              f"{self.base_layer.name} has none.")
         self.build_state(self.targets)
@@ -282,6 +304,16 @@ def wrappers_in(model, kind=KernelWrapper):
     raise TypeError(f"Expected a Keras model or layer; got {type(model).__name__}.")
 
 
+def fresh_inputs(model):
+    """New `keras.Input`s in the structure of `model.input`, each with the shape, dtype
+    and layer name of the input it stands for (Keras's own copy names them after
+    their tensors, `keras_tensor_7`), so a copied model keeps its input names."""
+    return keras.tree.map_structure(
+        lambda tensor: keras.Input(batch_shape=tensor.shape, dtype=tensor.dtype,
+                                   name=_keras_private.producing_layer_name(tensor)),
+        model.input)
+
+
 def rewrite(model, replace, caller):
     """A copy of `model` with `replace(layer)` substituted where it is not None.
 
@@ -302,28 +334,39 @@ def rewrite(model, replace, caller):
     def clone(layer):
         found = replace(layer)
         if found is None:
-            fresh = fresh_copy(layer)
+            try:
+                fresh = fresh_copy(layer)
+            except (TypeError, NotImplementedError) as error:
+                # A custom layer without a working get_config: the copy uses the layer
+                # itself, as tfmot's copies do every layer they leave alone.
+                warnings.warn(f"{caller}(): layer {layer.name!r} cannot be made again from "
+                              f"its config ({type(error).__name__}: {error}); the copy shares "
+                              "it, and its weights, with the original model.", stacklevel=4)
+                return layer
             found = (fresh, fresh, layer.get_weights() if layer.built else None)
         new, target, weights = found
         if weights is not None:
             fills.append((target, weights))
         return new
 
-    copy = keras.models.clone_model(model, clone_function=clone, recursive=True)
+    inputs = None if isinstance(model, keras.Sequential) else fresh_inputs(model)
+    copy = keras.models.clone_model(model, input_tensors=inputs, clone_function=clone,
+                                    recursive=True)
     for target, weights in fills:
         if weights and target.built:
             target.set_weights(weights)
     return copy
 
 
-def wrap_layers(model, wrap, kind, skip, verb, several_kernels=True):
+def wrap_layers(model, wrap, kind, skip, verb, several_kernels=True, every_layer=False):
     """`wrap(layer)` around every layer with a kernel that is not already a `kind`.
 
     A Sequential or functional model is copied (weights included) with its
     layers wrapped; a single layer is wrapped as it is. `skip` holds layer
     names or classes to leave alone. `verb` names the caller in errors.
     `several_kernels`: whether `kind` handles layers with several kernels
-    (recurrent layers, MultiHeadAttention).
+    (recurrent layers, MultiHeadAttention). `every_layer`: wrap the layers
+    without a kernel too (not inner models, whose layers are wrapped).
     """
     skip = tuple(skip) if isinstance(skip, (list, tuple, set)) else (skip,)
     for entry in skip:
@@ -340,6 +383,8 @@ def wrap_layers(model, wrap, kind, skip, verb, several_kernels=True):
         base = layer.base_layer if isinstance(layer, KernelWrapper) else layer
         if isinstance(base, _SEVERAL_KERNELS):
             return several_kernels
+        if every_layer:
+            return not isinstance(base, (keras.Model, keras.layers.InputLayer))
         return kernel_variable(base) is not None or (not base.built and (
             any(hasattr(base, name) for name in _INITIALIZER_NAMES)
             or hasattr(base, "get_prunable_weights")))
