@@ -502,26 +502,14 @@ def test_a_wrapper_made_under_tfmot_name_saves_and_loads(tmp_path):
     np.testing.assert_allclose(loaded.predict(x, verbose=0), expected, rtol=1e-6)
 
 
-class AttentionKernels(QuantizeConfig):
+class AttentionKernels(KernelOnly):
     """MultiHeadAttention's four kernels at 4 bits: tfmot's way to quantise a layer it
     does not know, here a layer called on two inputs."""
 
     def get_weights_and_quantizers(self, layer):
-        return [(dense.kernel, LastValueQuantizer(4, False, True, False))
+        return [(dense.kernel, LastValueQuantizer(self.bits, False, True, False))
                 for dense in (layer.query_dense, layer.key_dense, layer.value_dense,
                               layer.output_dense)]
-
-    def get_activations_and_quantizers(self, layer):
-        return []
-
-    def set_quantize_activations(self, layer, quantize_activations):
-        pass
-
-    def get_output_quantizers(self, layer):
-        return []
-
-    def get_config(self):
-        return {}
 
 
 def test_attention_annotated_with_a_config_is_quantised_on_its_two_inputs():
