@@ -43,7 +43,7 @@ from kdist.sparsity import registry as _registry
 from kdist.sparsity import weightless as _weightless
 from kdist.sparsity import wrapping as _wrapping
 
-__all__ = ["quantization", "sparsity"]
+__all__ = ["experimental", "quantization", "sparsity"]
 
 
 def _real(obj):
@@ -339,20 +339,60 @@ def quantize_apply(model, scheme=None, quantized_layer_name_prefix="quant_"):
     """
     real = _real(model)
     if real is not None:
-        options = {} if scheme is None else {"scheme": scheme}
+        options = {} if scheme is None else {"scheme": _tfmot_scheme(scheme)}
         return real.quantization.keras.quantize_apply(
             model, quantized_layer_name_prefix=quantized_layer_name_prefix, **options)
     _check_model(model, "model")
     _check_built(model, "model")
-    if scheme is not None:
-        raise ValueError("quantize_apply: kdist has one quantisation scheme (8-bit symmetric "
-                         "per-channel weights that keep their zeros, moving-average output "
-                         "ranges); leave scheme out, and give a layer other quantizers with "
-                         "quantize_annotate_layer(layer, quantize_config).")
+    if scheme is not None and not isinstance(scheme, _KdistScheme):
+        raise ValueError(
+            f"quantize_apply: kdist does not offer the scheme {type(scheme).__name__} for "
+            "Keras 3 models. It has one scheme (8-bit symmetric per-channel weights that keep "
+            "their zeros, moving-average output ranges), named as tfmot names it: "
+            "quantization.keras.default_8bit.Default8BitQuantizeScheme() or "
+            "experimental.combine.Default8BitPrunePreserveQuantizeScheme(), or leave scheme "
+            "out. Give a layer other quantizers with quantize_annotate_layer(layer, "
+            "quantize_config).")
     _check_quantizable(_wrapping.wrappers_in(model, _annotation.QuantizeAnnotate))
     return _ranges_from_six(_inputs.quantize_inputs(_annotation.quantize_apply(
         _with_weightless_configs(model), name_prefix=quantized_layer_name_prefix),
         only_before_quantized=True))
+
+
+class _KdistScheme:
+    # tfmot's 8-bit schemes, under their names: for a Keras 3 model each is
+    # kdist's one scheme; for a tf_keras model, tfmot's own class of that name.
+    _path = ""
+
+    def __eq__(self, other):
+        return type(other) is type(self)
+
+    def __hash__(self):
+        return hash(type(self))
+
+    def __repr__(self):
+        return f"{type(self).__name__}()"
+
+
+class Default8BitQuantizeScheme(_KdistScheme):
+    """tfmot's default 8-bit scheme: for Keras 3 models, kdist's scheme (8-bit symmetric
+    per-channel kernels that keep their zeros, moving-average output ranges)."""
+
+    _path = "quantization.keras.default_8bit"
+
+
+class Default8BitPrunePreserveQuantizeScheme(_KdistScheme):
+    """tfmot's pruning-preserving 8-bit scheme: kdist's scheme, which keeps a pruned
+    kernel's zeros through quantization-aware training."""
+
+    _path = "experimental.combine"
+
+
+def _tfmot_scheme(scheme):
+    """tfmot's own scheme for one of kdist's names, handed on with a tf_keras model."""
+    if isinstance(scheme, _KdistScheme):
+        return _from_tfmot(scheme._path, type(scheme).__name__)()
+    return scheme
 
 
 class UpdatePruningStep(_sparsity.UpdatePruning):
@@ -531,7 +571,8 @@ quantization = _namespace("quantization", "tfmot.quantization over kdist.sparsit
     default_8bit=_namespace(
         "quantization.keras.default_8bit", "tfmot's default 8-bit scheme's registry over "
         "kdist.sparsity.QuantizeRegistry.",
-        Default8BitQuantizeRegistry=Default8BitQuantizeRegistry),
+        Default8BitQuantizeRegistry=Default8BitQuantizeRegistry,
+        Default8BitQuantizeScheme=Default8BitQuantizeScheme),
     quantizers=_namespace(
         "quantization.keras.quantizers", "tfmot.quantization.keras.quantizers over "
         "kdist.sparsity.quantizers.",
@@ -540,3 +581,8 @@ quantization = _namespace("quantization", "tfmot.quantization over kdist.sparsit
         MovingAverageQuantizer=_quantizers.MovingAverageQuantizer,
         AllValuesQuantizer=_quantizers.AllValuesQuantizer,
         FixedQuantizer=_quantizers.FixedQuantizer)))
+experimental = _namespace("experimental", "tfmot.experimental over kdist.sparsity.",
+                          combine=_namespace(
+    "experimental.combine", "tfmot's collaborative-optimization schemes: for Keras 3 models, "
+    "kdist's scheme, which keeps the zeros of a pruned model.",
+    Default8BitPrunePreserveQuantizeScheme=Default8BitPrunePreserveQuantizeScheme))

@@ -241,6 +241,29 @@ def test_pruning_then_quantizing_keeps_the_zeros():
         assert np.all(keras.ops.convert_to_numpy(layer.effective_kernel())[zeros] == 0)
 
 
+def test_the_pruning_preserving_qat_guide_keeps_the_zeros_in_the_kernels():
+    x, y = _data()
+    pruned = _compile(prune_low_magnitude(_model(), tfmot.sparsity.keras.ConstantSparsity(
+        0.5, begin_step=0, frequency=4)))
+    pruned.fit(x, y, epochs=2, verbose=0, callbacks=[tfmot.sparsity.keras.UpdatePruningStep()])
+    stripped = tfmot.sparsity.keras.strip_pruning(pruned)
+    annotated = tfmot.quantization.keras.quantize_annotate_model(stripped)
+    scheme = tfmot.experimental.combine.Default8BitPrunePreserveQuantizeScheme()
+    pqat = _compile(tfmot.quantization.keras.quantize_apply(annotated, scheme))
+    pqat.fit(x, y, epochs=2, verbose=0)
+    # The guide prints the sparsity of the weights named kernel: the trained ones
+    # themselves keep their zeros, not only the quantised copies.
+    assert list(_kernel_sparsity(stripped).values()) == pytest.approx([0.5, 0.5], abs=0.02)
+    assert list(_kernel_sparsity(pqat).values()) == list(_kernel_sparsity(stripped).values())
+    same = tfmot.quantization.keras.quantize_apply(
+        annotated, tfmot.quantization.keras.default_8bit.Default8BitQuantizeScheme())
+    assert [type(layer).__name__ for layer in same.layers] == [
+        type(layer).__name__ for layer in pqat.layers]
+    with pytest.raises(ValueError, match="does not offer the scheme DefaultNBitQuantizeScheme"):
+        tfmot.quantization.keras.quantize_apply(annotated, type(
+            "DefaultNBitQuantizeScheme", (), {})())
+
+
 def test_schedules_answer_with_tensors_as_tfmot_does():
     schedule = tfmot.sparsity.keras.PolynomialDecay(0.2, 0.8, 100, 110, power=3, frequency=2)
     answers = [schedule(tf.Variable(step)) for step in (99, 100, 102, 105, 110, 111)]
@@ -482,6 +505,11 @@ def test_tf_keras_scripts_get_tensorflow_model_optimization_itself(tmp_path):
     with tfmot.quantization.keras.quantize_scope():
         quantized = tfmot.quantization.keras.quantize_apply(annotated)
     assert any(type(layer).__name__ == "QuantizeWrapperV2" for layer in quantized.layers)
+    # kdist's name for the pruning-preserving scheme hands tfmot its own scheme.
+    preserved = tfmot.quantization.keras.quantize_apply(
+        annotated, tfmot.experimental.combine.Default8BitPrunePreserveQuantizeScheme())
+    weights_quantizer = preserved.layers[1].quantize_config.weight_quantizer
+    assert type(weights_quantizer).__name__ == "PrunePreserveDefault8BitWeightsQuantizer"
     # What kdist does not offer comes from tfmot, for tf_keras models.
     clustering = tfmot.clustering.keras.cluster_weights
     assert clustering.__module__.startswith("tensorflow_model_optimization")
