@@ -180,6 +180,31 @@ def test_gan_throughput_benchmark_compares_ranks_and_the_parameter_server(mpiexe
 
 
 @pytest.mark.slow
+def test_tfmot_guides_benchmark_runs_each_guide_with_both_libraries():
+    from importlib.util import find_spec
+
+    if find_spec("tensorflow_model_optimization") is None:
+        pytest.skip("needs tensorflow-model-optimization")
+    done = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "benchmarks", "tfmot_guides.py"), "--seeds", "1",
+         "--rows", "1200", "--test-rows", "100", "--baseline-epochs", "1"],
+        capture_output=True, text=True, timeout=500, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = _json_from(done.stdout)
+    (run,) = result["runs"]
+    for lib in ("kdist", "tfmot"):
+        assert set(run[lib]) == {"pruning", "qat", "pqat"}
+        assert 0 < run[lib]["qat"]["tflite_accuracy"] <= 1
+        # 1,080 images at batch 128 give 9 steps: no pruning turn (every 100) comes.
+        assert run[lib]["pqat"]["sparsity"] == run[lib]["pqat"]["pruned_sparsity"] == 0
+    row = result["summary"]["qat"]["accuracy"]
+    assert row["kdist_minus_tfmot"] == pytest.approx(row["kdist"] - row["tfmot"])
+    assert result["summary"]["qat"]["accuracy_within_0.01"] == (
+        abs(row["kdist_minus_tfmot"]) <= 0.01
+        and abs(result["summary"]["qat"]["tflite_accuracy"]["kdist_minus_tfmot"]) <= 0.01)
+
+
+@pytest.mark.slow
 def test_sparsity_benchmark_compares_kdist_with_tfmot():
     from importlib.util import find_spec
 
