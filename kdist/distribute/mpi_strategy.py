@@ -326,7 +326,9 @@ def slice_batches(dataset, rank, size):
         stop = rows * (rank + 1) // size
         return tf.nest.map_structure(lambda t: t[start:stop], element)
 
-    return dataset.map(take_share, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    # A slice is a view: nothing to gain from tf.data's parallel map threads,
+    # and every background thread is one more place for a rank to fail.
+    return dataset.map(take_share)
 
 
 def _local_value(value):
