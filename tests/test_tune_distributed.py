@@ -168,3 +168,34 @@ def test_a_rank_count_that_does_not_divide_into_groups_is_refused():
     # A numpy integer is a whole number: the layout check is reached.
     with pytest.raises(ValueError, match=r"N = 1 \+ groups x 2 fold team\(s\)"):
         Roles(SimpleNamespace(size=4, rank=0), folds_per_group=np.int64(2))
+
+
+@pytest.mark.parametrize("mode", ["synchronous", "asynchronous"])
+def test_population_based_training_on_three_groups_trains_every_member(mpirun, tmp_path, mode):
+    # Four members on three single-rank groups: the population is time-multiplexed.
+    args = [tmp_path] + (["--asynchronous"] if mode == "asynchronous" else [])
+    job = mpirun("tune_pbt.py", n=4, timeout=400, args=args)
+    report = job.rank(0)
+    values = report["values"]
+    assert set(report["statuses"].values()) == {"COMPLETED"}
+    reached = {}
+    for trial in values.values():
+        member = trial["pbt/member"]
+        reached[member] = max(reached.get(member, 0), trial["tuner/epochs"])
+        parent = trial.get("tuner/trial_id")
+        if parent is not None:
+            assert values[parent]["tuner/epochs"] == trial["tuner/initial_epoch"]
+    assert reached == {0: 3, 1: 3, 2: 3, 3: 3}
+    if mode == "synchronous":
+        assert len(values) == 12
+        exploits = [t for t in values.values() if t.get("tuner/trial_id") is not None
+                    and values[t.get("tuner/trial_id")]["pbt/member"] != t["pbt/member"]]
+        assert len(exploits) == 2  # one bottom member of four, at each of two boundaries
+    # Every group trained rounds, each from the step its weights had reached (6 a epoch).
+    starts = [job.rank(r)["rounds_started_at_step"] for r in (1, 2, 3)]
+    assert all(starts) and sum(len(s) for s in starts) == len(values)
+    assert sorted(step for s in starts for step in s) == sorted(
+        6 * t["tuner/initial_epoch"] for t in values.values())
+    for rank in (1, 2, 3):
+        assert job.rank(rank)["best"] == report["best"]
+    assert report["schedule"][0]["epoch"] == 0

@@ -1,5 +1,5 @@
 """Hyper-parameter search for keras-tuner: genetic, Bayesian, BOHB and
-multi-objective oracles, K-fold tuning.
+multi-objective oracles, population-based training, K-fold tuning.
 
 >>> import keras_tuner as kt, kdist.tune
 >>> oracle = kdist.tune.BayesianOracle(objective=kt.Objective("val_loss", "min"),
@@ -17,11 +17,13 @@ from kdist.tune.distributed import Roles, clear_project, current_roles, search, 
 from kdist.tune.genetic import GeneticOracle
 from kdist.tune.kfold import KFoldTuner, fold_indices
 from kdist.tune.pareto import NSGA2Oracle, ParEGOOracle, dominates, plot_front
+from kdist.tune.pbt import PBT, ScheduleReplay
+from kdist.tune.population import PBTOracle
 from kdist.tune.space import Encoding
 
 __all__ = [
     "BOHB", "BOHBOracle", "BayesianOracle", "Encoding", "GeneticOracle", "KFoldTuner",
-    "NSGA2Oracle", "ParEGOOracle", "Roles", "TESTED_KERAS_TUNER", "clear_project",
-    "current_roles", "dominates", "expected_improvement", "fold_indices", "plot_front",
+    "NSGA2Oracle", "PBT", "PBTOracle", "ParEGOOracle", "Roles", "ScheduleReplay",
+    "TESTED_KERAS_TUNER", "clear_project",    "current_roles", "dominates", "expected_improvement", "fold_indices", "plot_front",
     "search", "trial_comm",
 ]

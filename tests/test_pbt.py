@@ -1,0 +1,244 @@
+"""Population-based training: exploit carries weights, step count and optimizer
+slots; explore moves hyper-parameters within their bounds; schedules replay;
+a killed search resumes."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import keras
+import keras_tuner as kt
+import numpy as np
+import pytest
+
+import kdist.tune
+from kdist.tune import population
+from kdist.tune.pbt import restore_training_state
+
+ROWS, BATCH = 256, 32
+STEPS = 6  # an epoch, on the three quarters of the rows that train
+
+
+def _data():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(ROWS, 8)).astype("float32")
+    return x, (x @ rng.normal(size=8) > 0).astype("float32")
+
+
+def _build(hp):
+    model = keras.Sequential([
+        keras.Input((8,)), keras.layers.Dense(8, activation="relu"),
+        keras.layers.Dropout(hp.Float("dropout", 0.0, 0.5)),
+        keras.layers.Dense(1, activation="sigmoid")])
+    rate = hp.Float("learning_rate", 1e-4, 0.2, sampling="log")
+    model.compile(keras.optimizers.Adam(rate), "binary_crossentropy", metrics=["accuracy"])
+    return model
+
+
+class _Starts(keras.callbacks.Callback):
+    """What each round starts from: step count, learning rate, weights, first slot."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def on_train_begin(self, logs=None):
+        optimizer = self.model.optimizer
+        slots = [v for v in optimizer.variables if v.name not in ("iteration", "learning_rate")]
+        self.seen.append({
+            "iterations": int(optimizer.iterations.numpy()),
+            "learning_rate": float(optimizer.learning_rate.numpy()),
+            "weights": [w.copy() for w in self.model.get_weights()],
+            "slot": keras.ops.convert_to_numpy(slots[0]).copy() if optimizer.built else None})
+
+
+def _search(tmp_path, starts=None, **options):
+    settings = dict(objective="val_loss", population_size=4, perturbation_interval=1,
+                    max_epochs=3, seed=3)
+    settings.update(options)
+    tuner = kdist.tune.PBT(_build, directory=str(tmp_path), project_name="pbt",
+                           overwrite=True, **settings)
+    callbacks = [starts] if starts is not None else []
+    tuner.search(*_data(), validation_split=0.25, batch_size=BATCH, verbose=0,
+                 callbacks=callbacks)
+    return tuner
+
+
+def _rounds(tuner):
+    return [(trial_id, trial.hyperparameters.values)
+            for trial_id, trial in sorted(tuner.oracle.trials.items())]
+
+
+def test_exploit_hands_over_weights_step_count_and_slots_and_keeps_the_explored_rate(
+        tmp_path):
+    starts = _Starts()
+    tuner = _search(tmp_path, starts)
+    rounds = _rounds(tuner)
+    assert len(rounds) == 4 * 3 and all(
+        t.status == "COMPLETED" for t in tuner.oracle.trials.values())
+    by_id = dict(rounds)
+    exploited = 0
+    for (trial_id, values), start in zip(rounds, starts.seen):
+        parent = values.get("tuner/trial_id")
+        assert start["learning_rate"] == pytest.approx(values["learning_rate"], rel=1e-6)
+        if values["tuner/initial_epoch"] == 0:
+            # A member is never a donor before it has finished a round.
+            assert parent is None and start["iterations"] == 0
+            continue
+        donor = by_id[parent]
+        assert donor["tuner/epochs"] == values["tuner/initial_epoch"]
+        # No reset: the step count goes on from the donor's.
+        assert start["iterations"] == STEPS * values["tuner/initial_epoch"]
+        weights_file = os.path.join(tmp_path, "pbt", f"trial_{parent}",
+                                    "checkpoint.weights.h5")
+        saved = _build(tuner.oracle.trials[parent].hyperparameters)
+        restore_training_state(saved, weights_file)
+        for ours, theirs in zip(start["weights"], saved.get_weights()):
+            np.testing.assert_array_equal(ours, theirs)
+        saved_slots = [v for v in saved.optimizer.variables
+                       if v.name not in ("iteration", "learning_rate")]
+        np.testing.assert_array_equal(start["slot"], keras.ops.convert_to_numpy(saved_slots[0]))
+        if donor["pbt/member"] != values["pbt/member"]:
+            exploited += 1
+            ratio = values["learning_rate"] / donor["learning_rate"]
+            low, high = 1e-4, 0.2  # perturbed by 1.2 or 0.8, clipped, or resampled
+            assert (ratio == pytest.approx(1.2) or ratio == pytest.approx(0.8)
+                    or low <= values["learning_rate"] <= high)
+        else:
+            assert population.searched_values(values) == population.searched_values(donor)
+    # One bottom member of four at each of the two boundaries.
+    assert exploited == 2
+    # Synchronous: no round starts before every member finished the one before.
+    starts_in_order = [values["tuner/initial_epoch"] for _, values in rounds]
+    assert starts_in_order == sorted(starts_in_order)
+
+
+def test_the_best_model_and_its_learned_schedule_replay_in_plain_keras(tmp_path):
+    tuner = _search(tmp_path, max_epochs=2)
+    best = tuner.oracle.get_best_trials(1)[0]
+    model = tuner.get_best_models(1)[0]
+    x, y = _data()
+    assert model.evaluate(x[-64:], y[-64:], verbose=0)[0] == pytest.approx(best.score, rel=1e-4)
+    schedule = tuner.learned_schedule()
+    assert schedule[0]["epoch"] == 0
+    assert [entry["epoch"] for entry in schedule] == sorted({e["epoch"] for e in schedule})
+    assert schedule[-1]["values"] == population.searched_values(best.hyperparameters.values)
+    assert set(schedule[0]["values"]) == {"dropout", "learning_rate"}
+
+    rates = []
+    record = keras.callbacks.LambdaCallback(on_epoch_begin=lambda epoch, logs: rates.append(
+        float(plain.optimizer.learning_rate.numpy())))
+    replay = kdist.tune.ScheduleReplay(
+        [{"epoch": 0, "values": {"learning_rate": 0.1, "dropout": 0.2}},
+         {"epoch": 2, "values": {"learning_rate": 0.01, "beta_1": 0.8}}])
+    plain = _build(kt.HyperParameters())
+    plain.fit(x, y, epochs=3, batch_size=BATCH, verbose=0, callbacks=[replay, record])
+    assert rates == pytest.approx([0.1, 0.1, 0.01])
+    assert plain.optimizer.beta_1 == 0.8
+    with pytest.raises(ValueError, match=r"\['dropout'\] are not hyper-parameters of Adam"):
+        plain.fit(x, y, epochs=1, verbose=0, callbacks=[kdist.tune.ScheduleReplay(
+            schedule, names=["dropout"])])
+
+
+def test_burn_in_and_asynchronous_rounds(tmp_path):
+    tuner = _search(tmp_path, burn_in=2, max_epochs=3)
+    for _, values in _rounds(tuner):
+        if values["tuner/initial_epoch"] == 1:  # before the burn-in ends: no exploit
+            parent = tuner.oracle.trials[values.get("tuner/trial_id")].hyperparameters.values
+            assert parent["pbt/member"] == values["pbt/member"]
+    free = _search(tmp_path, synchronous=False, max_epochs=3)
+    reached = {}
+    for _, values in _rounds(free):
+        member = values["pbt/member"]
+        reached[member] = max(reached.get(member, 0), values["tuner/epochs"])
+    assert reached == {0: 3, 1: 3, 2: 3, 3: 3}
+
+
+def test_explore_stays_within_each_hyper_parameters_bounds():
+    hp = kt.HyperParameters()
+    hp.Float("rate", 0.01, 1.0)
+    hp.Int("units", 2, 8)
+    hp.Choice("width", [16, 32, 64])
+    hp.Choice("activation", ["relu", "tanh"])
+    hp.Fixed("fixed", 3)
+    rng = np.random.default_rng(0)
+    values = {"rate": 0.9, "units": 8, "width": 64, "activation": "relu", "fixed": 3}
+    for _ in range(50):
+        explored = population.explore(hp.space, values, rng, resample_probability=0.25)
+        assert 0.01 <= explored["rate"] <= 1.0 and 2 <= explored["units"] <= 8
+        assert explored["width"] in (16, 32, 64) and explored["fixed"] == 3
+        assert explored["activation"] in ("relu", "tanh")
+    never_resampled = population.explore(hp.space, values, rng, resample_probability=0.0,
+                                         factors=(0.8,))
+    assert never_resampled == {"rate": pytest.approx(0.72), "units": 6, "width": 32,
+                               "activation": "relu", "fixed": 3}
+    # A small integer moves by one step at least.
+    assert population.perturb(hp.space[1], 2, (1.2,), rng) == 3
+
+
+@pytest.mark.parametrize("argument,value,message", [
+    ("population_size", 1, "population_size"),
+    ("quantile_fraction", 0.6, r"quantile_fraction must be in \(0, 0.5\]"),
+    ("resample_probability", 2, "resample_probability"),
+    ("perturbation_factors", (1.2, -1), "perturbation_factors"),
+    ("perturbation_interval", 0, "perturbation_interval"),
+])
+def test_bad_settings_say_what_is_wrong(argument, value, message):
+    with pytest.raises(ValueError, match=message):
+        kdist.tune.PBTOracle(objective="loss", **{argument: value})
+
+
+def test_search_refuses_epochs_the_rounds_set(tmp_path):
+    tuner = kdist.tune.PBT(_build, objective="loss", population_size=2, max_epochs=1,
+                           directory=str(tmp_path), overwrite=True,
+                           max_consecutive_failed_trials=1)
+    with pytest.raises(RuntimeError, match="epochs is set by the population's rounds"):
+        tuner.search(*_data(), epochs=3, verbose=0)
+
+
+def test_a_killed_search_resumes_with_every_member_where_it_was(tmp_path):
+    script = tmp_path / "search.py"
+    script.write_text(textwrap.dedent(f"""
+        import os, sys
+        import keras, numpy as np
+        sys.path.insert(0, {os.path.dirname(__file__)!r})
+        from test_pbt import _build, _data, BATCH
+        import kdist.tune
+
+        class Kill(keras.callbacks.Callback):
+            # Dies hard in the middle of the sixth round, as a killed job does.
+            rounds = 0
+            def on_train_begin(self, logs=None):
+                Kill.rounds += 1
+            def on_train_batch_end(self, batch, logs=None):
+                if sys.argv[1] == "kill" and Kill.rounds == 6 and batch == 1:
+                    os._exit(9)
+
+        tuner = kdist.tune.PBT(_build, objective="val_loss", population_size=3,
+                               perturbation_interval=1, max_epochs=3, seed=5,
+                               directory={str(tmp_path)!r}, project_name="pbt",
+                               overwrite=False)
+        tuner.search(*_data(), validation_split=0.25, batch_size=BATCH, verbose=0,
+                     callbacks=[Kill()])
+        print("rounds trained", Kill.rounds)
+    """))
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    killed = subprocess.run([sys.executable, str(script), "kill"], capture_output=True,
+                            text=True, timeout=300, env=env)
+    assert killed.returncode == 9, killed.stderr[-2000:]
+    resumed = subprocess.run([sys.executable, str(script), "resume"], capture_output=True,
+                             text=True, timeout=300, env=env)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    # Five rounds had finished: only the killed one and the three after it train.
+    assert "rounds trained 4" in resumed.stdout
+    tuner = kdist.tune.PBT(_build, objective="val_loss", population_size=3,
+                           perturbation_interval=1, max_epochs=3, seed=5,
+                           directory=str(tmp_path), project_name="pbt", overwrite=False)
+    trials = tuner.oracle.trials.values()
+    assert len(trials) == 9 and all(t.status == "COMPLETED" for t in trials)
+    for member in range(3):
+        epochs = sorted((t.hyperparameters.values["tuner/initial_epoch"],
+                         t.hyperparameters.values["tuner/epochs"]) for t in trials
+                        if t.hyperparameters.values["pbt/member"] == member)
+        assert epochs == [(0, 1), (1, 2), (2, 3)]
