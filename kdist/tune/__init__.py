@@ -24,6 +24,7 @@ from kdist.tune.space import Encoding
 __all__ = [
     "BOHB", "BOHBOracle", "BayesianOracle", "Encoding", "GeneticOracle", "KFoldTuner",
     "NSGA2Oracle", "PBT", "PBTOracle", "ParEGOOracle", "Roles", "ScheduleReplay",
-    "TESTED_KERAS_TUNER", "clear_project",    "current_roles", "dominates", "expected_improvement", "fold_indices", "plot_front",
+    "TESTED_KERAS_TUNER", "clear_project", "current_roles", "dominates",
+    "expected_improvement", "fold_indices", "plot_front",
     "search", "trial_comm",
 ]

@@ -14,7 +14,9 @@ from kdist.tune.population import PBTOracle
 
 
 def _optimizer_file(weights_path):
-    return os.path.join(os.path.dirname(weights_path), "optimizer_state.npz")
+    # Named after the weights: ranks that keep rounds in one scratch folder
+    # must not share a file.
+    return weights_path[:-len(".weights.h5")] + ".optimizer.npz"
 
 
 def save_training_state(model, weights_path):
@@ -22,9 +24,15 @@ def save_training_state(model, weights_path):
     optimizer's variables beside it, each file whole or not at all."""
     directory = os.path.dirname(os.path.abspath(weights_path))
     os.makedirs(directory, exist_ok=True)
+    if not weights_path.endswith(".weights.h5"):
+        raise ValueError(f"save_training_state: {weights_path} must end in .weights.h5.")
     partial = os.path.join(directory, f".partial-{os.getpid()}.weights.h5")
-    model.save_weights(partial)
-    os.replace(partial, weights_path)
+    try:
+        model.save_weights(partial)
+        os.replace(partial, weights_path)
+    finally:
+        if os.path.exists(partial):
+            os.unlink(partial)
     optimizer = model.optimizer
     arrays = {f"v{i}": keras.ops.convert_to_numpy(v) for i, v in enumerate(optimizer.variables)}
     buffer = io.BytesIO()
@@ -62,7 +70,7 @@ class PBT(kt.Tuner):
     """Population-based training as a keras-tuner tuner (see `PBTOracle` for the
     arguments it shares).
 
-    `hypermodel.build(hp)` must return a compiled model; every member uses the
+    `hypermodel.build(hp)` must return a built, compiled model; every member uses the
     same optimizer class and layers, and may differ in what does not change the
     weights' shapes (optimizer hyper-parameters, dropout rates, loss weights).
     Each round builds the model with its values, loads the weights, step count
@@ -70,7 +78,7 @@ class PBT(kt.Tuner):
     `tuner/initial_epoch` to `tuner/epochs`; the explored learning rate is
     kept. `search(x, y, validation_data=..., ...)` takes `model.fit`'s
     arguments except `epochs` and `initial_epoch`. With `kdist.tune.search` the
-    population is trained by groups of processes, one member at a time each.
+    population is trained by single-rank groups, one member at a time each.
 
     Example:
 
@@ -116,12 +124,16 @@ class PBT(kt.Tuner):
             raise ValueError("PBT: hypermodel.build(hp) must return a compiled model.")
         parent = values.get("tuner/trial_id")
         if parent is not None:
-            restore_training_state(model, compat.checkpoint_path(self, parent))
+            # From the shared project folder, wherever the parent round ran.
+            restore_training_state(model, self._round_checkpoint(parent))
         history = model.fit(*fit_args, initial_epoch=values["tuner/initial_epoch"],
                             epochs=values["tuner/epochs"], **fit_kwargs)
         save_training_state(model, compat.checkpoint_path(self, trial.trial_id))
         # The round's score is where it ended, not its best epoch.
         return {name: float(series[-1]) for name, series in history.history.items()}
+
+    def _round_checkpoint(self, trial_id):
+        return os.path.join(self.get_trial_dir(trial_id), "checkpoint.weights.h5")
 
     def learned_schedule(self, trial_id=None):
         """`PBTOracle.learned_schedule`: the best trial's by default."""

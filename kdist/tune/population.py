@@ -40,9 +40,10 @@ def perturb(hp, value, factors, rng):
         index = hp.values.index(value) + (1 if factor > 1 else -1)
         return hp.values[min(max(index, 0), len(hp.values) - 1)]
     if isinstance(hp, kt.engine.hyperparameters.Int):
-        moved = int(round(value * factor))
+        step = hp.step or 1
+        moved = hp.min_value + round((value * factor - hp.min_value) / step) * step
         if moved == value:  # small integers: move one step at least
-            moved = value + (1 if factor > 1 else -1) * (hp.step or 1)
+            moved = value + (1 if factor > 1 else -1) * step
         return int(min(max(moved, hp.min_value), hp.max_value))
     if isinstance(hp, kt.engine.hyperparameters.Float):
         moved = min(max(value * factor, hp.min_value), hp.max_value)
@@ -231,7 +232,9 @@ class PBTOracle(storage.WholeSaves, kt.Oracle):
         if choice == "wait":
             return {"status": _IDLE, "values": None}
         member, epoch, own = choice
-        values, parent = searched_values(own.hyperparameters.values), own.trial_id
+        values = searched_values(own.hyperparameters.values)
+        # A first round that failed left no checkpoint: it starts afresh.
+        parent = own.trial_id if own.status == _COMPLETED else None
         top, bottom = self.quantiles(epoch) if epoch >= self.burn_in else ([], [])
         if not self.synchronous:
             # A donor that has trained every epoch would leave the member none to train.
