@@ -84,8 +84,10 @@ def baseline(keras, weights):
 
 
 def kernel_sparsity(model):
-    """Zeros over entries of every weight named kernel, as the guides count them."""
-    kernels = [np.asarray(w) for w in model.weights if "kernel" in w.name]
+    """Zeros over entries of every weight named kernel, as the guides count them (not
+    the quantizers' `kernel_min` and `kernel_max`)."""
+    kernels = [np.asarray(w) for w in model.weights
+               if w.name.split("/")[-1].split(":")[0] == "kernel"]
     return float(sum((k == 0).sum() for k in kernels) / sum(k.size for k in kernels))
 
 

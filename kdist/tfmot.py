@@ -380,6 +380,13 @@ class Default8BitQuantizeScheme(_KdistScheme):
 
     _path = "quantization.keras.default_8bit"
 
+    def __init__(self, disable_per_axis=False):
+        if disable_per_axis:
+            raise ValueError(
+                "Default8BitQuantizeScheme(disable_per_axis=True): kdist's scheme quantises "
+                "kernels per output channel only; for one scale per kernel, use "
+                "kdist.sparsity.quantize(model, per_channel=False).")
+
 
 class Default8BitPrunePreserveQuantizeScheme(_KdistScheme):
     """tfmot's pruning-preserving 8-bit scheme: kdist's scheme, which keeps a pruned

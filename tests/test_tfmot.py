@@ -259,6 +259,8 @@ def test_the_pruning_preserving_qat_guide_keeps_the_zeros_in_the_kernels():
         annotated, tfmot.quantization.keras.default_8bit.Default8BitQuantizeScheme())
     assert [type(layer).__name__ for layer in same.layers] == [
         type(layer).__name__ for layer in pqat.layers]
+    with pytest.raises(ValueError, match="per_channel=False"):
+        tfmot.quantization.keras.default_8bit.Default8BitQuantizeScheme(disable_per_axis=True)
     with pytest.raises(ValueError, match="does not offer the scheme DefaultNBitQuantizeScheme"):
         tfmot.quantization.keras.quantize_apply(annotated, type(
             "DefaultNBitQuantizeScheme", (), {})())
