@@ -2,6 +2,7 @@
 slots; explore moves hyper-parameters within their bounds; schedules replay;
 a killed search resumes."""
 
+import json
 import os
 import subprocess
 import sys
@@ -275,3 +276,23 @@ def test_a_killed_search_resumes_with_every_member_where_it_was(tmp_path):
                          t.hyperparameters.values["tuner/epochs"]) for t in trials
                         if t.hyperparameters.values["pbt/member"] == member)
         assert epochs == [(0, 1), (1, 2), (2, 3)]
+
+
+def test_a_round_missing_from_the_saved_population_is_found_again(tmp_path):
+    tuner = kdist.tune.PBT(_build, objective="val_loss", population_size=2,
+                           perturbation_interval=1, max_epochs=2, seed=2,
+                           directory=str(tmp_path), project_name="pbt", overwrite=True)
+    tuner.search(*_data(), validation_split=0.25, batch_size=BATCH, verbose=0)
+    members = tuner.oracle.members
+    assert sorted(sum(members, [])) == sorted(tuner.oracle.trials)
+    # As if the job died after writing the last trial and before oracle.json.
+    path = os.path.join(tmp_path, "pbt", "oracle.json")
+    with open(path) as f:
+        state = json.load(f)
+    state["members"] = [m[:1] for m in state["members"]]
+    with open(path, "w") as f:
+        json.dump(state, f)
+    again = kdist.tune.PBT(_build, objective="val_loss", population_size=2,
+                           perturbation_interval=1, max_epochs=2, seed=2,
+                           directory=str(tmp_path), project_name="pbt", overwrite=False)
+    assert again.oracle.members == members

@@ -317,4 +317,16 @@ class PBTOracle(storage.WholeSaves, kt.Oracle):
 
     def set_state(self, state):
         super().set_state(state)
-        self.members = [list(m) for m in state.get("members", [])]
+        # Read from the trials (loaded first): a job killed between writing a
+        # trial and writing oracle.json leaves a trial the saved list lacks.
+        members = [list(m) for m in state.get("members", [])]
+        for trial_id in sorted(self.trials):
+            member = self.trials[trial_id].hyperparameters.values.get("pbt/member")
+            if member is None:
+                continue
+            while len(members) <= member:
+                members.append([])
+            if trial_id not in members[member]:
+                members[member].append(trial_id)
+                members[member].sort()
+        self.members = members
