@@ -9,13 +9,15 @@ import sys
 
 import numpy as np
 
-from common import report
+from common import report, settle_imports
 
 import keras  # noqa: E402
 import keras_tuner as kt  # noqa: E402
 
 import kdist  # noqa: E402
 import kdist.tune  # noqa: E402
+
+settle_imports()
 
 kdist.init()
 x = np.random.default_rng(0).normal(size=(32, 3)).astype("float32")

@@ -8,7 +8,7 @@ import argparse
 
 import numpy as np
 
-from common import report
+from common import report, settle_imports
 
 parser = argparse.ArgumentParser()
 parser.add_argument("directory")
@@ -21,6 +21,8 @@ import keras  # noqa: E402
 
 import kdist  # noqa: E402
 import kdist.tune  # noqa: E402
+
+settle_imports()
 
 kdist.init()
 rng = np.random.default_rng(0)

@@ -11,7 +11,7 @@ import os
 
 import numpy as np
 
-from common import report
+from common import report, settle_imports
 
 parser = argparse.ArgumentParser()
 parser.add_argument("directory")
@@ -39,6 +39,8 @@ import keras_tuner as kt  # noqa: E402
 
 import kdist  # noqa: E402
 import kdist.tune  # noqa: E402
+
+settle_imports()
 
 kdist.init()
 rng = np.random.default_rng(0)
