@@ -171,7 +171,8 @@ def test_the_best_model_and_its_learned_schedule_replay_in_plain_keras(tmp_path)
             schedule, names=["dropout"])])
 
 
-def test_burn_in_and_asynchronous_rounds(tmp_path):
+def test_no_member_is_exploited_before_the_burn_in_ends(tmp_path):
+    # Asynchronous rounds are tested on three groups of ranks (test_tune_distributed.py).
     tuner = _search(tmp_path, burn_in=2, max_epochs=3)
     exploits = {}
     for _, values in _rounds(tuner):
@@ -181,12 +182,6 @@ def test_burn_in_and_asynchronous_rounds(tmp_path):
                 parent["pbt/member"] != values["pbt/member"])
     # Not before the burn-in ends; from the epoch it ends on.
     assert not any(exploits[1]) and sorted(exploits[2]) == [False, False, False, True]
-    free = _search(tmp_path, synchronous=False, max_epochs=3)
-    reached = {}
-    for _, values in _rounds(free):
-        member = values["pbt/member"]
-        reached[member] = max(reached.get(member, 0), values["tuner/epochs"])
-    assert reached == {0: 3, 1: 3, 2: 3, 3: 3}
 
 
 def test_explore_stays_within_each_hyper_parameters_bounds():
