@@ -13,7 +13,7 @@ _independent = weakref.WeakSet()  # models whose steps hold no collective (gossi
 _averaged = weakref.WeakKeyDictionary()  # model -> the last epoch whose logs were averaged
 
 
-def join_once(model, epoch):
+def join_once(model, epoch, comm=None):
     """Runs `kdist.join()` once per model and epoch before any epoch-end collective.
 
     A rank that ran out of batches first reaches the end of the epoch; joining
@@ -22,15 +22,17 @@ def join_once(model, epoch):
     callback with an epoch-end collective calls this first; the first call in
     an epoch does the work. Ranks that fed zeros missed updates, so the
     model and optimizer state are then copied from the rank that joined last.
+    `comm`: the ranks that run the calling callback, for a model whose optimizer
+    does not say which ranks train it (a callback built for a process set).
     """
     if processes.size() == 1 or model in _independent:
         return
     if _joined.get(model) == epoch:
         return
     # The ranks that train this model: its kdist optimizer's (a search's team, a
-    # process set), else the whole job.
+    # process set), else the caller's, else the whole job.
     core = distributed_core(model)
-    comm = getattr(core, "comm", None) or processes.world()
+    comm = getattr(core, "comm", None) or comm or processes.world()
     last, anyone_fell_behind = joining.join_and_tell(comm)
     if anyone_fell_behind:
         local = _local.get(model, ())

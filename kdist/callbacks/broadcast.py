@@ -111,7 +111,7 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
             self._broadcast()
 
     def on_epoch_end(self, epoch, logs=None):
-        _sync.join_once(self.model, epoch)
+        _sync.join_once(self.model, epoch, comm=self.comm)
 
 
 class MetricAverageCallback(keras.callbacks.Callback):

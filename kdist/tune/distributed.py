@@ -523,6 +523,7 @@ def _with_team_start(roles, tuner, kwargs):
 
 
 def _team_broadcast(comm):
+    from kdist.callbacks import _sync
     from kdist.callbacks.broadcast import BroadcastGlobalVariablesCallback
 
     class TeamBroadcast(BroadcastGlobalVariablesCallback):
@@ -530,6 +531,19 @@ def _team_broadcast(comm):
         # copy must keep the team's communicator, not duplicate it.
         def __deepcopy__(self, memo):
             return TeamBroadcast(self.root_rank, comm=comm)
+
+        def on_train_begin(self, logs=None):
+            # Without it each rank would train alone on its own batches, and the
+            # team's ranks drift apart while the search reports one of them.
+            reducing = _sync.comm_of(self.model) if _sync.trained_together(self.model) \
+                else None
+            if reducing is None or reducing.size != comm.size:
+                raise ValueError(
+                    f"workers_per_fold={comm.size} trains each trial on {comm.size} ranks, "
+                    "but this model's optimizer does not average gradients over them: "
+                    "build it with kdist.DistributedOptimizer(optimizer, "
+                    "comm=kdist.tune.trial_comm()).")
+            super().on_train_begin(logs)
 
     return TeamBroadcast(0, comm=comm)
 
