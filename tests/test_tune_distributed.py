@@ -199,3 +199,41 @@ def test_population_based_training_on_three_groups_trains_every_member(mpirun, t
     for rank in (1, 2, 3):
         assert job.rank(rank)["best"] == report["best"]
     assert report["schedule"][0]["epoch"] == 0
+
+
+def test_population_based_training_on_groups_of_two_ranks_trains_each_round_data_parallel(
+        mpirun, tmp_path):
+    # Two groups of two ranks; each rank trains on its own half of the rows.
+    job = mpirun("tune_pbt.py", n=5, timeout=400, args=[
+        tmp_path, "--population", 3, "--max-epochs", 2, "--workers-per-group", 2])
+    values = job.rank(0)["values"]
+    assert set(job.rank(0)["statuses"].values()) == {"COMPLETED"} and len(values) == 6
+    ends = set()
+    for leader, follower in ((1, 2), (3, 4)):
+        ours, theirs = job.rank(leader)["trained"], job.rank(follower)["trained"]
+        assert [r["team"] for r in ours] == [[0, 2]] * len(ours)
+        assert [r["team"] for r in theirs] == [[1, 2]] * len(ours)
+        # Same rounds, each starting and ending with the same weights on both ranks,
+        # though each saw other rows: the gradients were averaged over the group.
+        assert [(r["start"], r["end"], r["steps"]) for r in ours] == [
+            (r["start"], r["end"], r["steps"]) for r in theirs]
+        ends.update(r["end"] for r in ours)
+    assert len(job.rank(1)["trained"]) + len(job.rank(3)["trained"]) == 6
+    # A round that continues another starts from the weights the other ended with,
+    # though the follower loads them from the donor's leader's files.
+    continued = [r for rank in (1, 2, 3, 4) for r in job.rank(rank)["trained"]
+                 if r["steps"] > 3]
+    assert continued and all(r["start"] in ends for r in continued)
+    assert job.rank(1)["best"] == job.rank(2)["best"] == job.rank(0)["best"]
+
+
+def test_a_data_parallel_group_without_a_distributed_optimizer_is_refused(mpirun, tmp_path):
+    # Each rank would train alone on its own rows and the group's ranks drift apart;
+    # the trials fail with the fix instead, and the search ends.
+    job = mpirun("tune_pbt.py", n=3, timeout=240, check=False, args=[
+        tmp_path, "--population", 2, "--max-epochs", 1, "--workers-per-group", 2,
+        "--plain-optimizer"])
+    assert job.returncode != 0
+    assert ("workers_per_fold=2 trains each trial on 2 ranks, but this model's optimizer "
+            "does not average gradients over them") in job.output
+    assert "comm=kdist.tune.trial_comm()" in job.output

@@ -78,7 +78,9 @@ class PBT(kt.Tuner):
     `tuner/initial_epoch` to `tuner/epochs`; the explored learning rate is
     kept. `search(x, y, validation_data=..., ...)` takes `model.fit`'s
     arguments except `epochs` and `initial_epoch`. With `kdist.tune.search` the
-    population is trained by single-rank groups, one member at a time each.
+    population is trained by groups of ranks, one member at a time each; a group
+    of several ranks (`workers_per_fold`) needs an optimizer built as
+    `kdist.DistributedOptimizer(optimizer, comm=kdist.tune.trial_comm())`.
 
     Example:
 
