@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import warnings
 
 import keras
 import keras_tuner as kt
@@ -15,7 +16,7 @@ import pytest
 
 import kdist.tune
 from kdist.tune import population
-from kdist.tune.pbt import restore_training_state
+from kdist.tune.pbt import restore_training_state, save_training_state
 
 ROWS, BATCH = 256, 32
 STEPS = 6  # an epoch, on the three quarters of the rows that train
@@ -156,6 +157,22 @@ def test_the_best_model_and_its_learned_schedule_replay_in_plain_keras(tmp_path)
     assert schedule[-1]["values"] == population.searched_values(best.hyperparameters.values)
     assert set(schedule[0]["values"]) == {"dropout", "learning_rate"}
 
+    axes = kdist.tune.plot_population(tuner.oracle, tmp_path / "population.png")
+    assert (tmp_path / "population.png").stat().st_size > 1000
+    assert [ax.get_ylabel() for ax in axes] == ["val_loss (min)", "dropout", "learning_rate"]
+    assert axes[2].get_yscale() == "log" and axes[1].get_yscale() == "linear"
+    # One dashed score line per exploit, one thick line per round of the best lineage.
+    exploits = [values for _, values in _rounds(tuner) if "tuner/trial_id" in values and
+                tuner.oracle.trials[values["tuner/trial_id"]].hyperparameters.values[
+                    "pbt/member"] != values["pbt/member"]]
+    assert exploits
+    assert len([line for line in axes[0].get_lines() if line.get_linestyle() == "--"]) == len(
+        exploits)
+    assert len([line for line in axes[1].get_lines() if line.get_linewidth() > 2]) >= len(
+        schedule)
+    with pytest.raises(ValueError, match=r"\['units'\] are not explored numbers"):
+        kdist.tune.plot_population(tuner.oracle, hyperparameters=["units"])
+
     rates = []
     record = keras.callbacks.LambdaCallback(on_epoch_begin=lambda epoch, logs: rates.append(
         float(plain.optimizer.learning_rate.numpy())))
@@ -182,6 +199,29 @@ def test_no_member_is_exploited_before_the_burn_in_ends(tmp_path):
                 parent["pbt/member"] != values["pbt/member"])
     # Not before the burn-in ends; from the epoch it ends on.
     assert not any(exploits[1]) and sorted(exploits[2]) == [False, False, False, True]
+
+
+def test_restoring_keeps_the_explored_rate_whether_or_not_the_optimizer_is_built(tmp_path):
+    x, y = _data()
+    hp = kt.HyperParameters()
+    hp.values = {"learning_rate": 0.1, "dropout": 0.0}
+    donor = _build(hp)
+    donor.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
+    path = str(tmp_path / "donor.weights.h5")
+    save_training_state(donor, path)
+    hp.values["learning_rate"] = 0.01
+    for built in (False, True):
+        member = _build(hp)
+        if built:  # a build(hp) may build its optimizer; then the file's would load
+            member.optimizer.build(member.trainable_variables)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            restore_training_state(member, path)
+        assert not [w for w in caught if "Skipping variable loading" in str(w.message)]
+        assert float(member.optimizer.learning_rate.numpy()) == pytest.approx(0.01)
+        assert int(member.optimizer.iterations.numpy()) == STEPS * 4 // 3
+        for ours, theirs in zip(member.get_weights(), donor.get_weights()):
+            np.testing.assert_array_equal(ours, theirs)
 
 
 def test_explore_stays_within_each_hyper_parameters_bounds():

@@ -3,6 +3,7 @@ weights and optimizer state, and the replay of a learned schedule."""
 
 import io
 import os
+import warnings
 
 import keras
 import keras_tuner as kt
@@ -46,8 +47,18 @@ def restore_training_state(model, weights_path):
     optimizer class: weights, step count and slots. The learning rate stays the
     new model's own (unless it is a schedule, which follows the step count), as
     do the optimizer's other hyper-parameters."""
-    model.load_weights(weights_path)
     optimizer = model.optimizer
+    # The explored rate, which a weights file that holds the optimizer's variables
+    # (an optimizer built before this call loads them) would overwrite.
+    explored = [(v, keras.ops.convert_to_numpy(v)) for v in optimizer.variables
+                if v.name == "learning_rate"]
+    with warnings.catch_warnings():
+        # An optimizer not built yet skips the file's optimizer variables, as it
+        # should: they are restored below from their own file.
+        warnings.filterwarnings("ignore", message="Skipping variable loading for optimizer")
+        model.load_weights(weights_path)
+    for variable, value in explored:
+        variable.assign(value)
     if not optimizer.built:
         optimizer.build(model.trainable_variables)
     with np.load(_optimizer_file(weights_path)) as saved:
