@@ -20,11 +20,12 @@ from kdist.tune.pareto import NSGA2Oracle, ParEGOOracle, dominates, plot_front
 from kdist.tune.pbt import PBT, ScheduleReplay
 from kdist.tune.population import PBTOracle
 from kdist.tune.space import Encoding
+from kdist.tune.trajectories import plot_population
 
 __all__ = [
     "BOHB", "BOHBOracle", "BayesianOracle", "Encoding", "GeneticOracle", "KFoldTuner",
     "NSGA2Oracle", "PBT", "PBTOracle", "ParEGOOracle", "Roles", "ScheduleReplay",
     "TESTED_KERAS_TUNER", "clear_project", "current_roles", "dominates",
-    "expected_improvement", "fold_indices", "plot_front",
+    "expected_improvement", "fold_indices", "plot_front", "plot_population",
     "search", "trial_comm",
 ]
