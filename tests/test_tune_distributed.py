@@ -227,6 +227,25 @@ def test_population_based_training_on_groups_of_two_ranks_trains_each_round_data
     assert job.rank(1)["best"] == job.rank(2)["best"] == job.rank(0)["best"]
 
 
+def test_a_group_lost_mid_round_hands_its_round_to_another_and_no_member_is_lost(mpirun,
+                                                                                 tmp_path):
+    job = mpirun("tune_pbt.py", n=3, timeout=400, fault_tolerant=True, check=False, args=[
+        tmp_path, "--population", 3, "--max-epochs", 2, "--kill-group", 1,
+        "--lost-after", 5])
+    assert job.returncode == 0, job.output[-3000:]
+    assert sorted(job.results) == [0, 1]  # rank 2, group 1's only rank, was killed
+    values = job.rank(0)["values"]
+    assert set(job.rank(0)["statuses"].values()) == {"COMPLETED"} and len(values) == 6
+    reached = {}
+    for trial in values.values():
+        reached[trial["pbt/member"]] = max(reached.get(trial["pbt/member"], 0),
+                                           trial["tuner/epochs"])
+    assert reached == {0: 2, 1: 2, 2: 2}
+    # Group 0 trained every round, the one group 1 died in included.
+    assert len(job.rank(1)["trained"]) == 6
+    assert "lost group1" in job.output and "goes back to the queue" in job.output
+
+
 def test_a_data_parallel_group_without_a_distributed_optimizer_is_refused(mpirun, tmp_path):
     # Each rank would train alone on its own rows and the group's ranks drift apart;
     # the trials fail with the fix instead, and the search ends.

@@ -4,8 +4,12 @@ are groups that train the members' rounds; each rank reports.
 With `--workers-per-group W` each group trains its rounds data-parallel, each rank
 on its own shard of the rows, its gradients averaged over the group.
 
+With `--kill-group G` that group's leader dies (SIGKILL) in the middle of its first
+round; run it with fault tolerance.
+
 Usage: tune_pbt.py DIRECTORY [--population P] [--max-epochs E] [--asynchronous]
                    [--workers-per-group W [--plain-optimizer]]
+                   [--kill-group G] [--lost-after S]
 """
 
 import argparse
@@ -22,6 +26,8 @@ parser.add_argument("--asynchronous", action="store_true")
 parser.add_argument("--workers-per-group", type=int, default=1)
 parser.add_argument("--plain-optimizer", action="store_true",
                     help="leave out the DistributedOptimizer a data-parallel group needs")
+parser.add_argument("--kill-group", type=int)
+parser.add_argument("--lost-after", type=float, default=60.0)
 args = parser.parse_args()
 
 import keras  # noqa: E402
@@ -58,6 +64,15 @@ def digest(model):
 
 
 class Starts(keras.callbacks.Callback):
+    def on_train_batch_end(self, batch, logs=None):
+        roles = kdist.tune.current_roles()
+        if (args.kill_group is not None and roles.group == args.kill_group
+                and roles.is_leader and batch == 1):
+            import os
+            import signal
+
+            os.kill(os.getpid(), signal.SIGKILL)
+
     def on_train_begin(self, logs=None):
         rounds.append(int(self.model.optimizer.iterations.numpy()))
         self.start = digest(self.model)
@@ -74,7 +89,7 @@ tuner = kdist.tune.PBT(build, objective="val_accuracy", population_size=args.pop
                        synchronous=not args.asynchronous, directory=args.directory,
                        project_name="search")
 kdist.tune.search(tuner, x, y, validation_split=0.25, batch_size=32, verbose=0,
-                  callbacks=[Starts()], workers_per_fold=workers)
+                  callbacks=[Starts()], workers_per_fold=workers, lost_after=args.lost_after)
 trials = tuner.oracle.trials
 report({"statuses": {t.trial_id: t.status for t in trials.values()},
         "values": {t.trial_id: t.hyperparameters.values for t in trials.values()},
