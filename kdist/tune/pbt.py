@@ -145,6 +145,13 @@ class PBT(kt.Tuner):
         # The round's score is where it ended, not its best epoch.
         return {name: float(series[-1]) for name, series in history.history.items()}
 
+    def load_model(self, trial):
+        """The trial's model where its round ended: weights and optimizer state, so
+        that `get_best_models` gives a model that can train on as the member would."""
+        model = compat.build_model(self, trial.hyperparameters)
+        restore_training_state(model, compat.checkpoint_path(self, trial.trial_id))
+        return model
+
     def _round_checkpoint(self, trial_id):
         return os.path.join(self.get_trial_dir(trial_id), "checkpoint.weights.h5")
 
