@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import kdist.tune
-from kdist.tune import population
+from kdist.tune import bandit, population
 from kdist.tune.pbt import restore_training_state, save_training_state
 
 ROWS, BATCH = 256, 32
@@ -196,9 +196,17 @@ def test_the_best_model_and_its_learned_schedule_replay_in_plain_keras(tmp_path)
             schedule, names=["dropout"])])
 
 
-def test_no_member_is_exploited_before_the_burn_in_ends(tmp_path):
+def test_no_member_is_exploited_before_the_burn_in_and_pb2_explores_after_it(tmp_path,
+                                                                              monkeypatch):
     # Asynchronous rounds are tested on three groups of ranks (test_tune_distributed.py).
-    tuner = _search(tmp_path, burn_in=2, max_epochs=3)
+    chosen, choose = [], bandit.choose
+
+    def recorded(*args, **kwargs):
+        chosen.append(choose(*args, **kwargs))
+        return chosen[-1]
+
+    monkeypatch.setattr(population.bandit, "choose", recorded)
+    tuner = _search(tmp_path, burn_in=2, max_epochs=3, explore="pb2")
     exploits = {}
     for _, values in _rounds(tuner):
         if values["tuner/initial_epoch"] > 0:
@@ -207,6 +215,37 @@ def test_no_member_is_exploited_before_the_burn_in_ends(tmp_path):
                 parent["pbt/member"] != values["pbt/member"])
     # Not before the burn-in ends; from the epoch it ends on.
     assert not any(exploits[1]) and sorted(exploits[2]) == [False, False, False, True]
+    # By then the four second rounds are known, so the process chose the values.
+    assert len(chosen) == 1 and chosen[0] is not None
+    exploited = [values for _, values in _rounds(tuner) if values["tuner/initial_epoch"] == 2
+                 and values["pbt/member"] != tuner.oracle.trials[
+                     values["tuner/trial_id"]].hyperparameters.values["pbt/member"]]
+    assert population.searched_values(exploited[0]) == population.searched_values(chosen[0])
+    assert 1e-4 <= exploited[0]["learning_rate"] <= 0.2
+    assert 0.0 <= exploited[0]["dropout"] <= 0.5
+
+
+def test_pb2_takes_the_values_whose_rounds_improved_most():
+    space = kt.HyperParameters()
+    space.Float("learning_rate", 1e-4, 1.0, sampling="log")
+    space.Float("dropout", 0.0, 0.5)
+    rng = np.random.default_rng(0)
+    rounds = []
+    for _ in range(24):
+        values = {"learning_rate": float(10 ** rng.uniform(-4, 0)),
+                  "dropout": float(rng.uniform(0, 0.5)), "tuner/epochs": int(rng.integers(1, 9))}
+        # Losses fall most near a rate of 1e-1 (0.75 of the log range), whatever the dropout.
+        where = space.space[0].value_to_prob(values["learning_rate"])
+        rounds.append((values, 1.0 - (0.1 - (where - 0.75) ** 2), 1.0))
+    observed = bandit.observations(rounds, maximise=False)
+    assert len(observed) == 24 and max(c for _, _, c in observed) > 0
+    donated = {"learning_rate": 1e-3, "dropout": 0.1, "other": "kept"}
+    chosen = bandit.choose(space, observed, donated, end_epoch=9, max_epochs=10, rng=rng)
+    assert chosen["other"] == "kept"
+    assert abs(space.space[0].value_to_prob(chosen["learning_rate"]) - 0.75) < 0.1
+    assert bandit.choose(space, observed[:3], donated, 9, 10, rng) is None
+    # A round without its parent's score tells nothing about a change.
+    assert bandit.observations([({"tuner/epochs": 1}, 0.5, None)], maximise=True) == []
 
 
 def test_restoring_keeps_the_explored_rate_whether_or_not_the_optimizer_is_built(tmp_path):
@@ -264,6 +303,11 @@ def test_explore_stays_within_each_hyper_parameters_bounds():
 def test_bad_settings_say_what_is_wrong(argument, value, message):
     with pytest.raises(ValueError, match=message):
         kdist.tune.PBTOracle(objective="loss", **{argument: value})
+
+
+def test_explore_is_pb2_or_a_function():
+    with pytest.raises(TypeError, match="explore must be 'pb2' or callable"):
+        kdist.tune.PBTOracle(objective="loss", explore="pb3")
 
 
 def test_search_refuses_epochs_the_rounds_set(tmp_path):

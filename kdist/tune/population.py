@@ -14,7 +14,7 @@ import keras_tuner as kt
 import numpy as np
 
 from kdist._args import whole_number
-from kdist.tune import storage
+from kdist.tune import bandit, storage
 from kdist.tune.compat import keep_seed, random_values, trial_number
 from kdist.tune.space import trial_response
 
@@ -101,7 +101,11 @@ class PBTOracle(storage.WholeSaves, kt.Oracle):
             afresh instead of perturbed.
         perturbation_factors: factors a number is multiplied by when perturbed.
         explore: `explore(values, rng) -> values` to use instead of perturbing
-            and resampling.
+            and resampling, or `"pb2"`: PB2's choice (Parker-Holder et al. 2020),
+            the values with the highest upper confidence bound of the score's
+            change in the next round, from a Gaussian process fitted to the
+            rounds so far (see `kdist.tune.bandit`); until four rounds have
+            continued a checkpoint, values are perturbed.
         synchronous: rounds in lockstep (see above).
         seed: makes a search reproducible.
 
@@ -134,8 +138,9 @@ class PBTOracle(storage.WholeSaves, kt.Oracle):
         if not factors or any(not isinstance(f, numbers.Real) or f <= 0 for f in factors):
             raise ValueError("perturbation_factors must be positive numbers; got "
                              f"{perturbation_factors!r}.")
-        if explore is not None and not callable(explore):
-            raise TypeError(f"explore must be callable as explore(values, rng); got {explore!r}.")
+        if explore is not None and explore != "pb2" and not callable(explore):
+            raise TypeError("explore must be 'pb2' or callable as explore(values, rng); got "
+                            f"{explore!r}.")
         rounds = math.ceil(max_epochs / perturbation_interval)
         # No max_trials: the search ends when every member has trained
         # max_epochs, failed rounds and retries included.
@@ -244,13 +249,30 @@ class PBTOracle(storage.WholeSaves, kt.Oracle):
             # Asynchronous donors may be ahead: the member goes on from where they are.
             parent, epoch = donor.trial_id, donor.hyperparameters.values["tuner/epochs"]
             donated = searched_values(donor.hyperparameters.values)
-            if self.explore is not None:
+            values = None
+            if self.explore == "pb2":
+                values = self._bandit(donated, epoch, rng)
+            elif self.explore is not None:
                 values = dict(self.explore(dict(donated), rng))
-            else:
+            if values is None:
                 values = explore(self.hyperparameters.space, donated, rng,
                                  self.resample_probability, self.perturbation_factors)
         self.members[member].append(trial_id)
         return self._round(values, member, epoch, parent)
+
+    def _bandit(self, donated, epoch, rng):
+        """PB2's values for a round from `epoch`, or None while too few are known."""
+        rounds = []
+        for trial in self.trials.values():
+            values = trial.hyperparameters.values
+            if trial.status != _COMPLETED or "pbt/member" not in values:
+                continue
+            parent = self._trial(values.get("tuner/trial_id"))
+            rounds.append((values, trial.score, None if parent is None else parent.score))
+        observed = bandit.observations(rounds, self.objective.direction == "max")
+        end = min(epoch + self.perturbation_interval, self.max_epochs)
+        return bandit.choose(self.hyperparameters, observed, donated, end, self.max_epochs,
+                             rng)
 
     def _next_member(self):
         """(member, epoch, trial) to continue; "wait" while the rounds it depends on
