@@ -284,6 +284,28 @@ def test_hpo_budget_benchmark_counts_epochs_against_hyperbands(tmp_path):
     assert merged["summary"] == result["summary"] and merged["targets"] == result["targets"]
 
 
+@pytest.mark.slow
+def test_pbt_benchmark_spends_equal_epochs_and_replays_the_schedule(tmp_path):
+    pytest.importorskip("keras_tuner")
+    plot = tmp_path / "population.png"
+    done = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "benchmarks", "pbt.py"), "--seeds", "1",
+         "--population", "2", "--max-epochs", "2", "--interval", "1", "--plot", str(plot),
+         "--methods", "kdist_pbt,kdist_pb2,kt_random"],
+        capture_output=True, text=True, timeout=400, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = _json_from(done.stdout)
+    assert result["budget_epochs"] == 4 and plot.stat().st_size > 1000
+    for method in ("kdist_pbt", "kdist_pb2", "kt_random"):
+        (run,) = result["runs"][method]
+        assert run["epochs"] == 4
+        best = [accuracy for _, accuracy in run["trajectory"]]
+        assert best == sorted(best) and best[-1] == run["best_accuracy"]
+        assert set(result["summary"][method]["median_best_at_epochs"]) == {"1", "2", "4"}
+    (replayed,) = result["runs"]["replayed"]
+    assert replayed["schedule"][0]["epoch"] == 0 and 0 < replayed["best_accuracy"] <= 1
+
+
 def test_hpo_budget_benchmark_trains_a_configuration_alike_in_every_method():
     import keras_tuner as kt
 
