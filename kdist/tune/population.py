@@ -30,6 +30,16 @@ def searched_values(values):
     return {k: v for k, v in values.items() if k not in _ROUND_KEYS}
 
 
+def lineage(trials, trial_id):
+    """`trial_id` and the rounds its weights came through, newest first; `trials`
+    maps ids to keras-tuner trials."""
+    chain = []
+    while trial_id is not None:
+        chain.append(trial_id)
+        trial_id = trials[trial_id].hyperparameters.values.get("tuner/trial_id")
+    return chain
+
+
 def perturb(hp, value, factors, rng):
     """`value` of hyper-parameter `hp` moved by one of `factors` (numbers) or, for a
     choice, to a neighbouring value; it stays within `hp`'s bounds."""
@@ -322,10 +332,9 @@ class PBTOracle(storage.WholeSaves, kt.Oracle):
         if trial_id not in self.trials:
             raise KeyError(f"learned_schedule: no trial {trial_id!r}.")
         rounds = []
-        while trial_id is not None:
-            values = self.trials[trial_id].hyperparameters.values
+        for each in lineage(self.trials, trial_id):
+            values = self.trials[each].hyperparameters.values
             rounds.append((values["tuner/initial_epoch"], searched_values(values)))
-            trial_id = values.get("tuner/trial_id")
         schedule = []
         for epoch, values in sorted(rounds, key=lambda r: r[0]):
             if not schedule or schedule[-1]["values"] != values:

@@ -1,7 +1,7 @@
 """A population's history at a glance: each member's score and hyper-parameters
 round by round, with the exploit steps that moved it onto another member's weights."""
 
-from kdist.tune.population import searched_values
+from kdist.tune.population import lineage, searched_values
 
 
 def _finished_rounds(oracle):
@@ -11,15 +11,6 @@ def _finished_rounds(oracle):
         if trial.score is not None and "pbt/member" in values:
             rounds[trial_id] = (values, float(trial.score))
     return rounds
-
-
-def _lineage(oracle, trial_id):
-    """`trial_id` and the rounds its weights came through, newest first."""
-    chain = []
-    while trial_id is not None:
-        chain.append(trial_id)
-        trial_id = oracle.trials[trial_id].hyperparameters.values.get("tuner/trial_id")
-    return chain
 
 
 def _is_log(oracle, name):
@@ -72,7 +63,7 @@ def plot_population(oracle, path=None, hyperparameters=None, axes=None):
         raise ValueError(f"plot_population: {len(axes)} axes given for the score and "
                          f"{len(names)} hyper-parameter(s).")
     best = oracle.get_best_trials(1)
-    thick = set(_lineage(oracle, best[0].trial_id)) if best else set()
+    thick = set(lineage(oracle.trials, best[0].trial_id)) if best else set()
     for trial_id, (values, score) in rounds.items():
         colour = f"C{values['pbt/member'] % 10}"
         width = 2.5 if trial_id in thick else 1.0
