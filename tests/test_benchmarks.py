@@ -520,3 +520,17 @@ def test_decentralized_benchmark_over_a_limited_link_spans_two_hosts_and_records
     assert len(row["curve"]) == 2 and row["curve"][0][0] < row["curve"][1][0]
     # Four classes: compressed to 1 % of the entries, training still learns the task.
     assert row["curve"][-1][1] > 0.5 and row["seconds_to_target"] is not None
+
+
+def test_strided_conv_benchmark_times_two_equal_convolutions():
+    done = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "benchmarks", "strided_conv.py"), "--batch", "2",
+         "--repeats", "1"],
+        capture_output=True, text=True, timeout=300, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = _json_from(done.stdout)
+    assert set(result["layers"]) == {"first", "second"}
+    for layer in result["layers"].values():
+        # The two ways compute the same function; the speedup is their time ratio.
+        assert layer["max_output_difference"] < 1e-4
+        assert layer["speedup"] == pytest.approx(layer["strided_s"] / layer["subsampled_s"])

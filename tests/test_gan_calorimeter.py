@@ -142,12 +142,61 @@ def test_recipe_layers_give_positions_and_a_log_view_and_survive_saving(tmp_path
                                showers.sum(axis=(1, 2, 3, 4)), rtol=1e-5)
 
 
+def test_split_energy_generator_deposits_exactly_its_sampled_total(tmp_path):
+    import keras
+
+    energy = np.array([[0.1], [5.0]], "float32")
+    noise = np.zeros((2, 200), "float32")
+    noise[:, 0] = [1.0, -2.0]
+    params = np.array([[4.6, np.log(0.05)], [4.5, np.log(0.01)]], "float32")
+    total = np.asarray(gan_model.SampleTotal()([energy, params, noise]))
+    np.testing.assert_allclose(total[:, 0], energy[:, 0] * np.exp(
+        params[:, 0] + np.exp(params[:, 1]) * noise[:, 0]), rtol=1e-5)
+
+    # Cells under the threshold are emptied; the rest still sum to the total.
+    raw = np.full((2, 25, 25, 25, 1), 1e-3, "float32")
+    raw[:, 12, 12, :5] = 10.0
+    deposit = gan_model.Deposit(initial_threshold=0.01)
+    showers = np.asarray(deposit([raw, total]))
+    np.testing.assert_allclose(showers.sum(axis=(1, 2, 3, 4)), total[:, 0], rtol=1e-5)
+    assert (showers[:, 12, 12, :5] > 0).all() and (showers == 0).mean() > 0.99
+    with pytest.raises(ValueError, match="initial_threshold must be > 0"):
+        gan_model.Deposit(initial_threshold=0.0)
+
+    generator = gan_model.generator(True, split_energy=True)
+    made = np.asarray(generator([noise, energy]))
+    assert made.min() >= 0 and tuple(made.shape[1:]) == (25, 25, 25, 1)
+    path = str(tmp_path / "generator.keras")
+    generator.save(path)
+    loaded = keras.models.load_model(path)
+    np.testing.assert_allclose(np.asarray(loaded([noise, energy])), made, rtol=1e-5, atol=1e-7)
+
+
+def test_the_total_energy_fit_finds_the_simulated_response_and_resolution(tmp_path):
+    import train
+
+    paths = data.make_dataset(str(tmp_path), files=1, showers=600, seed=4)
+    weights, fitted = train.fit_total_energy(paths)
+    energies, totals = data.ShowerFiles(paths).totals()
+    ratio = np.log(totals * gan_model.CELL_SCALE / (energies / gan_model.ENERGY_SCALE))
+    # The simulated mean of log(deposited / primary), and its spread per energy.
+    low, high = ratio[energies < 60], ratio[energies > 400]
+    near_100 = ratio[(energies > 60) & (energies < 140)]
+    assert fitted["100 GeV"][0] == pytest.approx(near_100.mean(), abs=0.01)
+    assert fitted["10 GeV"][1] > 2 * fitted["500 GeV"][1]
+    assert fitted["500 GeV"][1] == pytest.approx(high.std(), rel=0.25)
+    assert low.std() > high.std()
+    generator = gan_model.generator(True, split_energy=True)
+    generator.get_layer("total_energy").set_weights(weights)
+
+
 @pytest.mark.mpi
 def test_two_ranks_train_resume_and_validate(mpirun, tmp_path):
     out = tmp_path / "run"
     train = os.path.join(EXAMPLE, "train.py")
     # Small batches: the 3D convolutions take seconds per shower-step on a CPU.
-    args = ["--quick", "--output", out, "--showers", 64, "--steps", 2, "--batch-size", 2]
+    args = ["--quick", "--output", out, "--showers", 64, "--steps", 2, "--batch-size", 2,
+            "--split-energy"]
     job = mpirun(train, n=2, args=args + ["--epochs", 1], timeout=300)
     assert "with hvd on 2 process(es)" in job.output and "2/2 - " in job.output
     assert (out / "generator.keras").exists() and (out / "checkpoints").is_dir()
@@ -156,6 +205,16 @@ def test_two_ranks_train_resume_and_validate(mpirun, tmp_path):
     assert "Epoch 2/2" in job.output and "Epoch 1/2" not in job.output
     summary = json.loads((out / "train.json").read_text())
     assert summary["ranks"] == 2 and summary["epochs_run"] == 1
+    assert summary["split_energy"] and set(summary["total_energy_fit"]) == {
+        "10 GeV", "100 GeV", "500 GeV"}
+    # The total-energy network was fitted first and stayed frozen while the GAN trained.
+    import keras
+    import train as train_module
+
+    fitted, _ = train_module.fit_total_energy(sorted(map(str, (out / "data").glob("*.h5"))))
+    trained = keras.models.load_model(out / "generator.keras").get_layer("total_energy")
+    for before, after in zip(fitted, trained.get_weights()):
+        np.testing.assert_allclose(after, before, rtol=1e-4, atol=1e-6)
     assert all(np.isfinite(summary["history"]["g_loss"]))
     rows = (out / "log.csv").read_text().strip().splitlines()
     assert len(rows) == 3 and "d_loss" in rows[0]
@@ -256,17 +315,54 @@ def test_the_evaluation_puts_a_wrong_generator_far_from_the_floor(showers):
     auc = rows["classifier AUC, high-level features"]
     assert auc["floor"] < 0.7 < 0.95 < auc["generated"]
     transverse = rows["transverse profile separation power (x, y mean)"]
-    assert transverse["generated"] > 3 * transverse["floor"] and transverse["met"] is False
+    assert transverse["generated"] > 3 * transverse["floor"]
+    assert transverse["met"] is (transverse["generated"] <= 10 * transverse["floor"])
     # Per energy bin, the reference against itself responds as one.
     for row in report["floor"]["energy_response"]:
         assert row["response_ratio"] == pytest.approx(1.0, abs=0.02)
-    assert "| energy response" in evaluation.markdown(report)
+    resolution = rows["energy resolution, worst bin (generated / reference)"]
+    assert resolution["target"] == "<= 1.5" and resolution["floor"] > 0
+    for name in ("FPD", "KPD"):
+        assert rows[name]["generated"] > 5 * abs(rows[name]["floor"]), name
+    table = evaluation.markdown(report)
+    assert "| energy response" in table and "| 0.92-0.99 |" in table
 
 
-def test_physics_distances_say_why_they_are_missing_without_jetnet(monkeypatch):
-    import evaluation
+def test_frechet_distance_of_gaussians_is_the_closed_form():
+    import distances
 
-    monkeypatch.setitem(sys.modules, "jetnet", None)
-    monkeypatch.setitem(sys.modules, "jetnet.evaluation", None)
-    distances = evaluation.physics_distances(np.ones((10, 3)), np.ones((10, 3)))
-    assert distances["fpd"] is None and "kdist[physics]" in distances["unavailable"]
+    # Diagonal covariances: |mu1 - mu2|^2 + sum((sqrt(s1) - sqrt(s2))^2).
+    mean_1, mean_2 = np.array([0.0, 1.0]), np.array([0.5, -1.0])
+    var_1, var_2 = np.array([1.0, 4.0]), np.array([0.25, 1.0])
+    expected = 0.25 + 4.0 + (1.0 - 0.5) ** 2 + (2.0 - 1.0) ** 2
+    value = distances.frechet_distance(mean_1, np.diag(var_1), mean_2, np.diag(var_2))
+    assert value == pytest.approx(expected, rel=1e-9)
+
+
+def test_fpd_and_kpd_tell_a_shifted_sample_from_a_second_one():
+    import distances
+
+    rng = np.random.default_rng(0)
+    reference, second = rng.normal(size=(2, 1500, 4))
+    shifted = rng.normal(size=(1500, 4)) + [0.3, 0.0, 0.0, 0.0]
+    floor_fpd, floor_error = distances.fpd(reference, second)
+    shifted_fpd, _ = distances.fpd(reference, shifted)
+    # Scaled by the reference's largest value (about 3.5), a shift of 0.3 is
+    # about 0.085, so the distance about 0.0072; the floor extrapolates to ~0.
+    scale = np.abs(reference[:, 0]).max()
+    assert shifted_fpd == pytest.approx((0.3 / scale) ** 2, rel=0.35)
+    assert floor_fpd < 0.1 * shifted_fpd and floor_error < 0.1 * shifted_fpd
+    floor_kpd, floor_kpd_error = distances.kpd(reference, second)
+    shifted_kpd, shifted_kpd_error = distances.kpd(reference, shifted)
+    assert abs(floor_kpd) < 3 * floor_kpd_error + 1e-6
+    assert shifted_kpd > 3 * shifted_kpd_error > 0
+    assert shifted_kpd > floor_kpd + 3 * floor_kpd_error
+
+
+def test_physics_distances_refuse_mismatched_features():
+    import distances
+
+    with pytest.raises(ValueError, match="same d"):
+        distances.fpd(np.ones((10, 3)), np.ones((10, 2)))
+    with pytest.raises(ValueError, match="min_samples"):
+        distances.fpd(np.ones((10, 3)), np.ones((10, 3)), min_samples=3)

@@ -185,6 +185,16 @@ class ShowerFiles:
             return (np.zeros((0,) + (CELLS,) * 3, np.float32), np.zeros((0,), np.float32))
         return np.concatenate(showers), np.concatenate(energies)
 
+    def totals(self):
+        """(energies, deposited totals) of this rank's rows in GeV, as numpy arrays."""
+        energies, totals = [], []
+        for showers, chunk_energies in self._chunks():
+            energies.append(chunk_energies)
+            totals.append(showers.sum(axis=(1, 2, 3), dtype=np.float64))
+        if not energies:
+            return np.zeros((0,), np.float32), np.zeros((0,))
+        return np.concatenate(energies), np.concatenate(totals)
+
     def _chunks(self, limit=None, chunk=128):
         import h5py
 

@@ -21,6 +21,8 @@ the typical occupied cell near 0.01-1 (smaller values starved the ReLU output
 of gradient in trials), and the primary energy divided by `ENERGY_SCALE`.
 """
 
+import math
+
 import keras
 from keras import layers
 
@@ -69,6 +71,18 @@ class CellCoordinates(layers.Layer):
 
 
 @keras.saving.register_keras_serializable(package="gan_calorimeter")
+class EveryOther(layers.Layer):
+    """Keeps every other cell along x, y and depth, starting with the first."""
+
+    def call(self, x):
+        return x[:, ::2, ::2, ::2, :]
+
+    def compute_output_shape(self, input_shape):
+        return (input_shape[0],) + tuple(None if n is None else (n + 1) // 2
+                                         for n in input_shape[1:4]) + (input_shape[4],)
+
+
+@keras.saving.register_keras_serializable(package="gan_calorimeter")
 class LogCells(layers.Layer):
     """What the discriminator sees with `log_cells=True`: log(1 + cells / unit) / 7.
 
@@ -92,10 +106,104 @@ class LogCells(layers.Layer):
         return {**super().get_config(), "unit": self.unit}
 
 
-def generator(small=False, latent=LATENT, coordinates=False):
+@keras.saving.register_keras_serializable(package="gan_calorimeter")
+class Log(layers.Layer):
+    """The natural logarithm: primary energies span a factor 50."""
+
+    def call(self, x):
+        return keras.ops.log(x)
+
+
+def gaussian_nll(target, params):
+    """Negative log-likelihood of `target` under Normal(params[:, 0], exp(params[:, 1]))."""
+    mean, log_sigma = params[:, 0:1], params[:, 1:2]
+    return keras.ops.mean(log_sigma + 0.5 * keras.ops.square((target - mean)
+                                                             * keras.ops.exp(-log_sigma)))
+
+
+def total_energy(hidden=32):
+    """The network of the total deposited energy: energy (1,) -> (mean, log sigma).
+
+    It models log(deposited / primary), in model units, as a Gaussian whose
+    mean and width depend on the primary energy, which is how a sampling
+    calorimeter's response and resolution behave. It is fitted by maximum
+    likelihood (`gaussian_nll`) on the real showers' totals before the GAN
+    trains, then frozen: the energy of a shower is then right by construction,
+    and the adversarial game only has to learn where the energy goes.
+    """
+    energy = keras.Input((1,), name="energy")
+    x = Log(name="log_energy")(energy)
+    x = layers.Dense(hidden, activation="tanh")(x)
+    params = layers.Dense(2, name="log_deposit")(x)
+    return keras.Model(energy, params, name="total_energy")
+
+
+@keras.saving.register_keras_serializable(package="gan_calorimeter")
+class SampleTotal(layers.Layer):
+    """Total deposited energy in model units: energy * exp(mean + sigma * noise[:, 0]).
+
+    The first latent coordinate (a standard normal draw) is the fluctuation of
+    the total, so a generated shower's energy is reproducible from its latent.
+    """
+
+    def call(self, inputs):
+        energy, params, noise = inputs
+        mean, log_sigma = params[:, 0:1], params[:, 1:2]
+        return energy * keras.ops.exp(mean + keras.ops.exp(log_sigma) * noise[:, 0:1])
+
+    def compute_output_shape(self, input_shapes):
+        return (input_shapes[0][0], 1)
+
+
+@keras.saving.register_keras_serializable(package="gan_calorimeter")
+class Deposit(layers.Layer):
+    """Spreads a total energy over the cells: raw shape (positive) and total -> shower.
+
+    The convolutions give a positive raw shape (softplus, which keeps a
+    gradient everywhere, unlike a ReLU output that can die). Its fractions
+    times the total give cell energies; cells below a learned threshold are
+    emptied (soft thresholding, `relu(cell - threshold)`, so the threshold
+    gets a gradient), and the rest are rescaled so that they sum to the total
+    again. `threshold` starts at `initial_threshold` (model units; one
+    ionisation hit is about 0.01).
+    """
+
+    def __init__(self, initial_threshold=0.003, **kwargs):
+        super().__init__(**kwargs)
+        if not initial_threshold > 0:
+            raise ValueError(f"initial_threshold must be > 0; got {initial_threshold!r}.")
+        self.initial_threshold = float(initial_threshold)
+
+    def build(self, input_shapes):
+        # Kept as the log of the threshold, so that it stays positive.
+        self.log_threshold = self.add_weight(
+            name="log_threshold", shape=(),
+            initializer=keras.initializers.Constant(math.log(self.initial_threshold)))
+
+    def call(self, inputs):
+        raw, total = inputs
+        axes = (1, 2, 3, 4)
+        total = keras.ops.reshape(total, (-1, 1, 1, 1, 1))
+        cells = total * raw / (keras.ops.sum(raw, axis=axes, keepdims=True) + 1e-12)
+        kept = keras.ops.relu(cells - keras.ops.exp(self.log_threshold))
+        return total * kept / keras.ops.maximum(keras.ops.sum(kept, axis=axes, keepdims=True),
+                                                1e-12)
+
+    def compute_output_shape(self, input_shapes):
+        return input_shapes[0]
+
+    def get_config(self):
+        return {**super().get_config(), "initial_threshold": self.initial_threshold}
+
+
+def generator(small=False, latent=LATENT, coordinates=False, split_energy=False):
     """The generator: [latent (latent,), energy (1,)] -> shower (25, 25, 25, 1).
 
     With `coordinates=True`, `CellCoordinates` follows the last upsampling.
+    With `split_energy=True` the total deposited energy comes from its own
+    network (`total_energy`, a layer named "total_energy" to fit before
+    training) and the convolutions only share it out over the cells
+    (`Deposit`); otherwise their ReLU output is the shower.
     """
     noise = keras.Input((latent,), name="latent")
     energy = keras.Input((1,), name="energy")
@@ -127,8 +235,15 @@ def generator(small=False, latent=LATENT, coordinates=False):
         x = layers.Conv3D(6, (4, 4, 8), kernel_initializer="he_uniform")(x)   # 25, 25, 25
         x = layers.LeakyReLU(0.2)(x)
         x = layers.BatchNormalization()(x)
-    x = layers.Conv3D(1, 3, padding="same", use_bias=False, kernel_initializer="glorot_normal")(x)
-    shower = layers.ReLU(name="shower")(x)
+    if split_energy:
+        raw = layers.Conv3D(1, 3, padding="same", kernel_initializer="glorot_normal",
+                            activation="softplus")(x)
+        total = SampleTotal(name="total")([energy, total_energy()(energy), noise])
+        shower = Deposit(name="shower")([raw, total])
+    else:
+        x = layers.Conv3D(1, 3, padding="same", use_bias=False,
+                          kernel_initializer="glorot_normal")(x)
+        shower = layers.ReLU(name="shower")(x)
     return keras.Model([noise, energy], shower, name="generator_small" if small else "generator")
 
 
@@ -141,9 +256,14 @@ def discriminator(small=False, log_cells=False):
     shower = keras.Input((CELLS, CELLS, CELLS, 1), name="shower")
     seen = LogCells()(shower) if log_cells else shower
     if small:
-        x = layers.Conv3D(8, 5, strides=2, padding="same")(seen)          # 13
+        # Conv3D(strides=2, padding="same") on an odd size, computed as a stride-1
+        # convolution and every other cell: the same function, but TensorFlow's
+        # CPU gradient of a strided 3D convolution is ten times slower.
+        x = layers.Conv3D(8, 5, padding="same")(seen)
+        x = EveryOther()(x)                                                # 13
         x = layers.LeakyReLU(0.2)(x)
-        x = layers.Conv3D(8, 3, strides=2, padding="same")(x)             # 7
+        x = layers.Conv3D(8, 3, padding="same")(x)
+        x = EveryOther()(x)                                                # 7
         x = layers.LeakyReLU(0.2)(x)
         x = layers.BatchNormalization()(x)
         x = layers.Dropout(0.2)(x)

@@ -56,6 +56,9 @@ def parse(argv=None):
                         help="the generator's last convolutions also see each cell's position")
     parser.add_argument("--log-cells", action="store_true",
                         help="the discriminator sees log(1 + cell / one hit), not the energies")
+    parser.add_argument("--split-energy", action="store_true",
+                        help="the total energy from its own network, fitted first; the "
+                             "convolutions only share it out over the cells")
     parser.add_argument("--small", action="store_true", help="the small model, for CPUs")
     parser.add_argument("--quick", action="store_true",
                         help="small model, 2 files of 256 showers, 4 epochs")
@@ -98,17 +101,66 @@ def shower_dataset(files, batch_size, seed):
             .prefetch(tf.data.AUTOTUNE))
 
 
-def build_gan(args):
+def build_gan(args, total_weights=None):
+    """The GAN; with `total_weights` (from `fit_total_energy`), its generator
+    splits the energy and the total network holds them, frozen."""
     import keras
 
     import kdist.gan
 
     keras.utils.set_random_seed(args.seed)
-    generator = gan_model.generator(args.small, coordinates=args.coordinates)
+    generator = gan_model.generator(args.small, coordinates=args.coordinates,
+                                    split_energy=total_weights is not None)
+    if total_weights is not None:
+        total = generator.get_layer("total_energy")
+        total.set_weights(total_weights)
+        total.trainable = False
     discriminator = gan_model.discriminator(args.small, log_cells=args.log_cells)
     gan = kdist.gan.GAN(generator, discriminator,
                         d_steps=args.d_steps, g_steps=args.g_steps, seed=args.seed)
     return gan
+
+
+def fit_total_energy(paths, seed=0, steps=1500):
+    """Fits a `model.total_energy` network to every file's showers: (weights, summary).
+
+    Every rank fits the same network on all the rows of all the files (their
+    totals only, one number per shower), outside any strategy, so no rank
+    waits for another; the broadcast or checkpoint that follows leaves them
+    identical anyway. The summary is the fitted (mean, sigma) of
+    log(deposited / primary) at 10, 100 and 500 GeV.
+    """
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    energies, totals = data.ShowerFiles(paths).totals()
+    condition = (energies / gan_model.ENERGY_SCALE).reshape(-1, 1).astype("float32")
+    target = np.log(totals * gan_model.CELL_SCALE / condition[:, 0]).reshape(-1, 1)
+    keras.utils.set_random_seed(seed)
+    network = gan_model.total_energy()
+    # Start from the sample's mean and spread, so the fit only learns their
+    # dependence on the energy.
+    kernel, _ = network.layers[-1].get_weights()
+    network.layers[-1].set_weights([kernel * 0.1, np.array(
+        [target.mean(), np.log(target.std() + 1e-6)], "float32")])
+    optimizer = keras.optimizers.Adam(0.01)
+    x, y = tf.constant(condition), tf.constant(target, tf.float32)
+
+    @tf.function
+    def fit():  # full-batch steps in one graph: Keras's fit would spend 50 ms on each
+        for _ in tf.range(steps):
+            with tf.GradientTape() as tape:
+                loss = gan_model.gaussian_nll(y, network(x))
+            optimizer.apply(tape.gradient(loss, network.trainable_variables),
+                            network.trainable_variables)
+
+    fit()
+    probe = np.array([[0.1], [1.0], [5.0]], "float32")
+    params = network.predict(probe, verbose=0)
+    return network.get_weights(), {
+        f"{e * gan_model.ENERGY_SCALE:g} GeV": [float(m), float(np.exp(s))]
+        for e, (m, s) in zip(probe[:, 0], params)}
 
 
 def compile_gan(gan, args, wrap=None):
@@ -149,6 +201,13 @@ def main(argv=None):
         data.make_dataset(args.data, args.files, args.showers, seed=args.seed)
     kdist.barrier()
     paths = sorted(glob.glob(os.path.join(args.data, "*.h5")))
+    total_weights = total_fit = None
+    if args.split_energy:
+        total_weights, total_fit = fit_total_energy(paths, seed=args.seed)
+        if rank == 0:
+            print("Total energy fitted, log(deposited / primary) mean and sigma: "
+                  + ", ".join(f"{k} {m:.3f} {s:.4f}" for k, (m, s) in total_fit.items()),
+                  flush=True)
     checkpoints = os.path.join(args.output, "checkpoints")
     callbacks, fit_kwargs = [], {}
     start = time.time()
@@ -157,7 +216,7 @@ def main(argv=None):
         strategy = kdist.ps.ParameterServerStrategy(mode=args.ps_mode, shard=False,
                                                     checkpoint_dir=checkpoints)
         with strategy.scope():
-            gan = build_gan(args)
+            gan = build_gan(args, total_weights)
             compile_gan(gan, args)
         share = (strategy.worker_index, strategy.num_workers) if strategy.is_worker else (0, 1)
         files = data.ShowerFiles(paths, *share)
@@ -171,12 +230,12 @@ def main(argv=None):
         strategy = kdist.distribute.MPIStrategy() if strategy_name == "mpi" else None
         if strategy is not None:
             with strategy.scope():
-                gan = build_gan(args)
+                gan = build_gan(args, total_weights)
                 compile_gan(gan, args)
             files = data.ShowerFiles(paths)
             batch = args.batch_size * size
         else:
-            gan = build_gan(args)
+            gan = build_gan(args, total_weights)
             compile_gan(gan, args, kdist.DistributedOptimizer if size > 1 else None)
             files = data.ShowerFiles(paths, rank, size)
             batch = args.batch_size
@@ -214,6 +273,7 @@ def main(argv=None):
             "strategy": strategy_name, "ranks": size, "small": args.small,
             "epochs": args.epochs, "epochs_run": epochs_run, "steps_per_epoch": steps,
             "batch_size": args.batch_size, "trainers": trainers, "wall_s": elapsed,
+            "split_energy": args.split_energy, "total_energy_fit": total_fit,
             "showers_trained_per_s": epochs_run * steps * args.batch_size * trainers / elapsed,
             "history": {k: [float(v) for v in vs] for k, vs in history.history.items()},
         }
