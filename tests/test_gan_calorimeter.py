@@ -366,3 +366,38 @@ def test_physics_distances_refuse_mismatched_features():
         distances.fpd(np.ones((10, 3)), np.ones((10, 2)))
     with pytest.raises(ValueError, match="min_samples"):
         distances.fpd(np.ones((10, 3)), np.ones((10, 3)), min_samples=3)
+
+
+def test_replicates_give_each_metric_its_median_range_and_met_count(tmp_path, capsys):
+    import replicates
+
+    auc = "classifier AUC, high-level features"
+    for index, (value, response) in enumerate([(0.95, 0.01), (0.85, 0.03), (0.88, 0.015)]):
+        summary = [{"metric": auc, "generated": value, "floor": 0.5 + index / 100,
+                    "target": "<= 0.9", "met": value <= 0.9},
+                   {"metric": "energy response", "generated": response, "floor": 0.004,
+                    "target": "<= 0.02", "met": response <= 0.02},
+                   {"metric": "FPD", "generated": None, "floor": None, "target": None,
+                    "met": None}]
+        run = tmp_path / f"run{index}"
+        run.mkdir()
+        (run / "evaluation.json").write_text(json.dumps({"showers": 2000, "summary": summary}))
+    runs = [str(tmp_path / f"run{i}") for i in range(3)]
+    table = replicates.combine(replicates.load(runs))
+    row = table[0]
+    assert (row["median"], row["low"], row["high"]) == (0.88, 0.85, 0.95)
+    assert row["floor"] == 0.51 and row["met"] == 2 and row["replicates"] == 3
+    assert row["calochallenge_gans"] == "0.92-0.99"
+    assert table[1]["met"] == 2 and table[2]["median"] is None
+    replicates.main(runs + ["--output", str(tmp_path / "table.md")])
+    text = (tmp_path / "table.md").read_text()
+    assert "| classifier AUC, high-level features | 0.88 (0.85-0.95) | 0.51 | <= 0.9 | " \
+           "2 of 3 | 0.92-0.99 |" in text and text == capsys.readouterr().out
+    # Reports of different validate.py versions are not mixed.
+    other = json.loads((tmp_path / "run2" / "evaluation.json").read_text())
+    other["summary"] = other["summary"][:2]
+    (tmp_path / "run2" / "evaluation.json").write_text(json.dumps(other))
+    with pytest.raises(ValueError, match="different metrics"):
+        replicates.combine(replicates.load(runs))
+    with pytest.raises(SystemExit, match="validate.py"):
+        replicates.load([str(tmp_path / "missing")])
