@@ -276,7 +276,7 @@ def test_train_runs_with_the_other_strategies(mpirun, tmp_path, strategy, ranks)
     job = mpirun(os.path.join(EXAMPLE, "train.py"), n=ranks, timeout=300,
                  args=["--quick", "--strategy", strategy, "--output", out, "--showers", 48,
                        "--steps", 1, "--epochs", 2, "--batch-size", 2, "--coordinates",
-                       "--log-cells"])
+                       "--log-cells", "--split-energy"])
     assert f"with {strategy} on {ranks} process(es)" in job.output
     summary = json.loads((out / "train.json").read_text())
     assert summary["strategy"] == strategy and summary["epochs_run"] == 2
@@ -285,6 +285,8 @@ def test_train_runs_with_the_other_strategies(mpirun, tmp_path, strategy, ranks)
 
     generator = keras.models.load_model(out / "generator.keras")
     assert any(isinstance(layer, gan_model.CellCoordinates) for layer in generator.layers)
+    assert isinstance(generator.get_layer("shower"), gan_model.Deposit)
+    assert not generator.get_layer("total_energy").trainable
 
 
 def test_separation_power_and_chi2_tell_one_distribution_from_another():
