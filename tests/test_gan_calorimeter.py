@@ -235,7 +235,12 @@ def test_two_ranks_train_resume_and_validate(mpirun, tmp_path):
     assert report["showers"] == 40 and set(report) >= {"generated", "floor", "summary"}
     names = [row["metric"] for row in report["summary"]]
     assert "classifier AUC, high-level features" in names and "energy response" in names[0]
-    assert all(row["floor"] is not None for row in report["summary"][:11])
+    assert all(row["floor"] is not None for row in report["summary"])
+    # The quick report carries the physics distances, each with its error and floor.
+    for name in ("fpd", "kpd"):
+        value, error = report["generated"]["physics_distances"][name]
+        assert np.isfinite(value) and error >= 0, name
+        assert np.isfinite(report["floor"]["physics_distances"][name][0]), name
     assert report["timing"]["generation_seconds_per_shower"] > 0
     assert "| metric | generated | floor |" in (validation / "evaluation.md").read_text()
     for name in ("energy_ratio", "shower_depth", "sparsity", "width_x", "centre_x"):
@@ -366,8 +371,14 @@ def test_physics_distances_refuse_mismatched_features():
 
     with pytest.raises(ValueError, match="same d"):
         distances.fpd(np.ones((10, 3)), np.ones((10, 2)))
-    with pytest.raises(ValueError, match="min_samples"):
-        distances.fpd(np.ones((10, 3)), np.ones((10, 3)), min_samples=3)
+    with pytest.raises(ValueError, match="min_samples <= max_samples"):
+        distances.fpd(np.ones((10, 3)), np.ones((10, 3)), min_samples=8, max_samples=5)
+    with pytest.raises(ValueError, match="the smaller sample"):
+        distances.fpd(np.ones((10, 3)), np.ones((10, 3)), max_samples=20)
+    # Fewer showers than features + 2: still a number, from singular covariances.
+    rng = np.random.default_rng(1)
+    value, error = distances.fpd(rng.normal(size=(8, 10)), rng.normal(size=(8, 10)))
+    assert np.isfinite(value) and np.isfinite(error)
 
 
 def test_replicates_give_each_metric_its_median_range_and_met_count(tmp_path, capsys):

@@ -38,12 +38,18 @@ def normalise(reference, other):
 
 def frechet_distance(mean_1, cov_1, mean_2, cov_2):
     """The Frechet (2-Wasserstein) distance squared between two Gaussians."""
+    import warnings
+
     from scipy import linalg
 
-    root = linalg.sqrtm(np.atleast_2d(cov_1) @ np.atleast_2d(cov_2))
-    if not np.isfinite(root).all():
-        # A singular product: move both a little off the singularity.
-        shift = 1e-6 * np.eye(len(np.atleast_2d(cov_1)))
+    cov_1, cov_2 = np.atleast_2d(cov_1), np.atleast_2d(cov_2)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", linalg.LinAlgWarning)
+        root = linalg.sqrtm(cov_1 @ cov_2)
+    if caught or not np.isfinite(root).all():
+        # A singular product (fewer samples than features): move both covariances a
+        # little off the singularity.
+        shift = 1e-6 * np.eye(len(cov_1))
         root = linalg.sqrtm((cov_1 + shift) @ (cov_2 + shift))
     root = np.real(root)
     difference = np.atleast_1d(mean_1) - np.atleast_1d(mean_2)
@@ -55,18 +61,21 @@ def fpd(reference, other, min_samples=None, max_samples=None, batches=10, points
     """(FPD, error): the Frechet distance extrapolated to infinitely many samples.
 
     Batch sizes run from `min_samples` (default a quarter of the smaller
-    sample) to `max_samples` (default the smaller sample), `points` sizes
-    evenly spaced in 1/N, `batches` bootstrap draws each.
+    sample, and at least the number of features + 2) to `max_samples` (default
+    the smaller sample), `points` sizes evenly spaced in 1/N, `batches`
+    bootstrap draws each.
     """
     from scipy.optimize import curve_fit
 
     x, y = normalise(reference, other)
     n = min(len(x), len(y))
     max_samples = int(max_samples or n)
-    min_samples = int(min_samples or max(x.shape[1] + 2, n // 4))
-    if not x.shape[1] + 2 <= min_samples <= max_samples:
-        raise ValueError(f"Need {x.shape[1] + 2} <= min_samples <= max_samples for "
-                         f"{x.shape[1]} features; got {min_samples} and {max_samples}.")
+    # Fewer samples than features + 2 leave the covariance singular: allowed, but not
+    # by default when there are more.
+    min_samples = int(min_samples or max(2, min(max_samples, max(x.shape[1] + 2, n // 4))))
+    if not 2 <= min_samples <= max_samples <= n:
+        raise ValueError(f"Need 2 <= min_samples <= max_samples <= {n} (the smaller sample); "
+                         f"got {min_samples} and {max_samples}.")
     sizes = (1.0 / np.linspace(1.0 / min_samples, 1.0 / max_samples, points)).astype(int)
     rng = np.random.default_rng(seed)
     means = []
