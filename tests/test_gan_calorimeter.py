@@ -154,10 +154,11 @@ def test_split_energy_generator_deposits_exactly_its_sampled_total(tmp_path):
         params[:, 0] + np.exp(params[:, 1]) * noise[:, 0]), rtol=1e-5)
 
     # Cells under the threshold are emptied; the rest still sum to the total.
-    raw = np.full((2, 25, 25, 25, 1), 1e-3, "float32")
-    raw[:, 12, 12, :5] = 10.0
+    logits = np.zeros((2, 25, 25, 25, 1), "float32")
+    logits[:, 12, 12, :5] = 12.0       # five cells take 98 % of the total
     deposit = gan_model.Deposit(initial_threshold=0.01)
-    showers = np.asarray(deposit([raw, total]))
+    showers = np.asarray(deposit([logits, total]))
+    assert float(deposit.threshold) == pytest.approx(0.01, rel=1e-5)
     np.testing.assert_allclose(showers.sum(axis=(1, 2, 3, 4)), total[:, 0], rtol=1e-5)
     assert (showers[:, 12, 12, :5] > 0).all() and (showers == 0).mean() > 0.99
     with pytest.raises(ValueError, match="initial_threshold must be > 0"):

@@ -157,16 +157,23 @@ class SampleTotal(layers.Layer):
 
 @keras.saving.register_keras_serializable(package="gan_calorimeter")
 class Deposit(layers.Layer):
-    """Spreads a total energy over the cells: raw shape (positive) and total -> shower.
+    """Spreads a total energy over the cells: [logits per cell, total] -> shower.
 
-    The convolutions give a positive raw shape (softplus, which keeps a
-    gradient everywhere, unlike a ReLU output that can die). Its fractions
-    times the total give cell energies; cells below a learned threshold are
-    emptied (soft thresholding, `relu(cell - threshold)`, so the threshold
-    gets a gradient), and the rest are rescaled so that they sum to the total
-    again. `threshold` starts at `initial_threshold` (model units; one
-    ionisation hit is about 0.01).
+    The fractions of the total are a softmax of the convolutions' logits over
+    all cells: positive everywhere and never without gradient (a ReLU output
+    can die), and a logit difference is a ratio of energies, the scale on
+    which a shower's core and halo differ by orders of magnitude. Cells whose
+    share falls below a learned threshold are emptied (soft thresholding,
+    `relu(cell - threshold)`, so the threshold gets a gradient) and the rest
+    are scaled back to the total.
+
+    The threshold starts at `initial_threshold` (model units; one ionisation
+    hit is about 0.01) and is kept as `log(threshold) / LOG_SCALE`, so that
+    an optimizer step of 1e-3 moves it by 2 %: stored as its plain log, it
+    moved by 1 % in an epoch of training.
     """
+
+    LOG_SCALE = 20.0
 
     def __init__(self, initial_threshold=0.003, **kwargs):
         super().__init__(**kwargs)
@@ -175,17 +182,23 @@ class Deposit(layers.Layer):
         self.initial_threshold = float(initial_threshold)
 
     def build(self, input_shapes):
-        # Kept as the log of the threshold, so that it stays positive.
         self.log_threshold = self.add_weight(
-            name="log_threshold", shape=(),
-            initializer=keras.initializers.Constant(math.log(self.initial_threshold)))
+            name="log_threshold", shape=(), initializer=keras.initializers.Constant(
+                math.log(self.initial_threshold) / self.LOG_SCALE))
+
+    @property
+    def threshold(self):
+        """The threshold in model units."""
+        return keras.ops.exp(self.log_threshold * self.LOG_SCALE)
 
     def call(self, inputs):
-        raw, total = inputs
+        logits, total = inputs
         axes = (1, 2, 3, 4)
+        shape = keras.ops.shape(logits)
+        flat = keras.ops.reshape(logits, (shape[0], -1))
+        fractions = keras.ops.reshape(keras.ops.softmax(flat, axis=-1), shape)
         total = keras.ops.reshape(total, (-1, 1, 1, 1, 1))
-        cells = total * raw / (keras.ops.sum(raw, axis=axes, keepdims=True) + 1e-12)
-        kept = keras.ops.relu(cells - keras.ops.exp(self.log_threshold))
+        kept = keras.ops.relu(total * fractions - self.threshold)
         return total * kept / keras.ops.maximum(keras.ops.sum(kept, axis=axes, keepdims=True),
                                                 1e-12)
 
@@ -236,10 +249,9 @@ def generator(small=False, latent=LATENT, coordinates=False, split_energy=False)
         x = layers.LeakyReLU(0.2)(x)
         x = layers.BatchNormalization()(x)
     if split_energy:
-        raw = layers.Conv3D(1, 3, padding="same", kernel_initializer="glorot_normal",
-                            activation="softplus")(x)
+        logits = layers.Conv3D(1, 3, padding="same", kernel_initializer="glorot_normal")(x)
         total = SampleTotal(name="total")([energy, total_energy()(energy), noise])
-        shower = Deposit(name="shower")([raw, total])
+        shower = Deposit(name="shower")([logits, total])
     else:
         x = layers.Conv3D(1, 3, padding="same", use_bias=False,
                           kernel_initializer="glorot_normal")(x)
