@@ -164,6 +164,21 @@ def test_split_energy_generator_deposits_exactly_its_sampled_total(tmp_path):
     with pytest.raises(ValueError, match="initial_threshold must be > 0"):
         gan_model.Deposit(initial_threshold=0.0)
 
+    # With the mean shower as prior, zero logits give the mean shower, less the
+    # cells under the threshold.
+    prior = np.zeros((25, 25, 25))
+    prior[12, 12, :10] = np.arange(1, 11) / 55.0
+    deposit = gan_model.Deposit(initial_threshold=1e-4)
+    deposit.build([(None, 25, 25, 25, 1), (None, 1)])
+    deposit.set_mean_shape(prior)
+    showers = np.asarray(deposit([np.zeros((2, 25, 25, 25, 1), "float32"), total]))[..., 0]
+    fractions = showers / total[:, 0, None, None, None]
+    np.testing.assert_allclose(fractions[:, 12, 12, :10], np.tile(prior[12, 12, :10], (2, 1)),
+                               rtol=1e-3)
+    assert np.count_nonzero(showers) == 2 * 10
+    with pytest.raises(ValueError, match="sum to 1"):
+        deposit.set_mean_shape(2 * prior)
+
     generator = gan_model.generator(True, split_energy=True)
     made = np.asarray(generator([noise, energy]))
     assert made.min() >= 0 and tuple(made.shape[1:]) == (25, 25, 25, 1)
@@ -178,6 +193,10 @@ def test_the_total_energy_fit_finds_the_simulated_response_and_resolution(tmp_pa
 
     paths = data.make_dataset(str(tmp_path), files=1, showers=600, seed=4)
     weights, fitted = train.fit_total_energy(paths)
+    mean = data.ShowerFiles(paths).mean_fractions()
+    # The mean shower: all of the energy, most of it on the axis around layer 10.
+    assert mean.sum() == pytest.approx(1.0) and mean.shape == (25, 25, 25)
+    assert np.unravel_index(mean.argmax(), mean.shape)[:2] == (12, 12)
     energies, totals = data.ShowerFiles(paths).totals()
     ratio = np.log(totals * gan_model.CELL_SCALE / (energies / gan_model.ENERGY_SCALE))
     # The simulated mean of log(deposited / primary), and its spread per energy.
@@ -293,6 +312,8 @@ def test_train_runs_with_the_other_strategies(mpirun, tmp_path, strategy, ranks)
     assert any(isinstance(layer, gan_model.CellCoordinates) for layer in generator.layers)
     assert isinstance(generator.get_layer("shower"), gan_model.Deposit)
     assert not generator.get_layer("total_energy").trainable
+    # The mean shower's log fractions were set as the prior (all below zero).
+    assert np.asarray(generator.get_layer("shower").mean_shape).max() < 0
 
 
 def test_separation_power_and_chi2_tell_one_distribution_from_another():

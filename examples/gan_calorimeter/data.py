@@ -195,6 +195,17 @@ class ShowerFiles:
             return np.zeros((0,), np.float32), np.zeros((0,))
         return np.concatenate(energies), np.concatenate(totals)
 
+    def mean_fractions(self):
+        """The mean over this rank's showers of each cell's fraction of the shower's energy."""
+        summed, count = np.zeros((CELLS,) * 3), 0
+        for showers, _ in self._chunks():
+            totals = showers.sum(axis=(1, 2, 3), dtype=np.float64)
+            summed += (showers / np.maximum(totals, 1e-12)[:, None, None, None]).sum(axis=0)
+            count += len(showers)
+        if not count:
+            raise ValueError("No showers to average.")
+        return summed / count
+
     def _chunks(self, limit=None, chunk=128):
         import h5py
 

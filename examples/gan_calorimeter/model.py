@@ -24,6 +24,7 @@ of gradient in trials), and the primary energy divided by `ENERGY_SCALE`.
 import math
 
 import keras
+import numpy as np
 from keras import layers
 
 LATENT = 200
@@ -185,6 +186,18 @@ class Deposit(layers.Layer):
         self.log_threshold = self.add_weight(
             name="log_threshold", shape=(), initializer=keras.initializers.Constant(
                 math.log(self.initial_threshold) / self.LOG_SCALE))
+        # The log of the mean shower's cell fractions, added to the logits: set from the
+        # data before training (`set_mean_shape`), so that the convolutions start from
+        # the average shower and learn how a shower departs from it. Zero: no prior.
+        self.mean_shape = self.add_weight(name="mean_shape", shape=tuple(input_shapes[0][1:]),
+                                          initializer="zeros", trainable=False)
+
+    def set_mean_shape(self, fractions, floor=1e-7):
+        """Sets the prior from the mean cell fractions (cells, cells, cells) of real showers."""
+        fractions = np.asarray(fractions, "float64").reshape(tuple(self.mean_shape.shape))
+        if fractions.min() < 0 or not np.isclose(fractions.sum(), 1.0, atol=1e-3):
+            raise ValueError("fractions must be non-negative and sum to 1.")
+        self.mean_shape.assign(np.log(fractions + floor).astype("float32"))
 
     @property
     def threshold(self):
@@ -195,7 +208,7 @@ class Deposit(layers.Layer):
         logits, total = inputs
         axes = (1, 2, 3, 4)
         shape = keras.ops.shape(logits)
-        flat = keras.ops.reshape(logits, (shape[0], -1))
+        flat = keras.ops.reshape(logits + self.mean_shape, (shape[0], -1))
         fractions = keras.ops.reshape(keras.ops.softmax(flat, axis=-1), shape)
         total = keras.ops.reshape(total, (-1, 1, 1, 1, 1))
         kept = keras.ops.relu(total * fractions - self.threshold)

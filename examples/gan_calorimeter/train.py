@@ -101,9 +101,10 @@ def shower_dataset(files, batch_size, seed):
             .prefetch(tf.data.AUTOTUNE))
 
 
-def build_gan(args, total_weights=None):
+def build_gan(args, total_weights=None, mean_fractions=None):
     """The GAN; with `total_weights` (from `fit_total_energy`), its generator
-    splits the energy and the total network holds them, frozen."""
+    splits the energy and the total network holds them, frozen; the mean
+    shower's cell fractions (`ShowerFiles.mean_fractions`) are its shape prior."""
     import keras
 
     import kdist.gan
@@ -115,6 +116,8 @@ def build_gan(args, total_weights=None):
         total = generator.get_layer("total_energy")
         total.set_weights(total_weights)
         total.trainable = False
+        if mean_fractions is not None:
+            generator.get_layer("shower").set_mean_shape(mean_fractions)
     discriminator = gan_model.discriminator(args.small, log_cells=args.log_cells)
     gan = kdist.gan.GAN(generator, discriminator,
                         d_steps=args.d_steps, g_steps=args.g_steps, seed=args.seed)
@@ -201,9 +204,10 @@ def main(argv=None):
         data.make_dataset(args.data, args.files, args.showers, seed=args.seed)
     kdist.barrier()
     paths = sorted(glob.glob(os.path.join(args.data, "*.h5")))
-    total_weights = total_fit = None
+    total_weights = total_fit = mean_fractions = None
     if args.split_energy:
         total_weights, total_fit = fit_total_energy(paths, seed=args.seed)
+        mean_fractions = data.ShowerFiles(paths).mean_fractions()
         if rank == 0:
             print("Total energy fitted, log(deposited / primary) mean and sigma: "
                   + ", ".join(f"{k} {m:.3f} {s:.4f}" for k, (m, s) in total_fit.items()),
@@ -216,7 +220,7 @@ def main(argv=None):
         strategy = kdist.ps.ParameterServerStrategy(mode=args.ps_mode, shard=False,
                                                     checkpoint_dir=checkpoints)
         with strategy.scope():
-            gan = build_gan(args, total_weights)
+            gan = build_gan(args, total_weights, mean_fractions)
             compile_gan(gan, args)
         share = (strategy.worker_index, strategy.num_workers) if strategy.is_worker else (0, 1)
         files = data.ShowerFiles(paths, *share)
@@ -230,12 +234,12 @@ def main(argv=None):
         strategy = kdist.distribute.MPIStrategy() if strategy_name == "mpi" else None
         if strategy is not None:
             with strategy.scope():
-                gan = build_gan(args, total_weights)
+                gan = build_gan(args, total_weights, mean_fractions)
                 compile_gan(gan, args)
             files = data.ShowerFiles(paths)
             batch = args.batch_size * size
         else:
-            gan = build_gan(args, total_weights)
+            gan = build_gan(args, total_weights, mean_fractions)
             compile_gan(gan, args, kdist.DistributedOptimizer if size > 1 else None)
             files = data.ShowerFiles(paths, rank, size)
             batch = args.batch_size
