@@ -192,7 +192,7 @@ def test_the_total_energy_fit_finds_the_simulated_response_and_resolution(tmp_pa
     import train
 
     paths = data.make_dataset(str(tmp_path), files=1, showers=600, seed=4)
-    weights, fitted = train.fit_total_energy(paths)
+    weights, fitted = train.fit_total_energy(*data.ShowerFiles(paths).totals())
     mean = data.ShowerFiles(paths).mean_fractions()
     # The mean shower: all of the energy, most of it on the axis around layer 10.
     assert mean.sum() == pytest.approx(1.0) and mean.shape == (25, 25, 25)
@@ -231,7 +231,8 @@ def test_two_ranks_train_resume_and_validate(mpirun, tmp_path):
     import keras
     import train as train_module
 
-    fitted, _ = train_module.fit_total_energy(sorted(map(str, (out / "data").glob("*.h5"))))
+    files = data.ShowerFiles(sorted(map(str, (out / "data").glob("*.h5"))))
+    fitted, _ = train_module.fit_total_energy(*files.totals())
     trained = keras.models.load_model(out / "generator.keras").get_layer("total_energy")
     for before, after in zip(fitted, trained.get_weights()):
         np.testing.assert_allclose(after, before, rtol=1e-4, atol=1e-6)

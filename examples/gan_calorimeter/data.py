@@ -185,26 +185,28 @@ class ShowerFiles:
             return (np.zeros((0,) + (CELLS,) * 3, np.float32), np.zeros((0,), np.float32))
         return np.concatenate(showers), np.concatenate(energies)
 
+    def statistics(self):
+        """(energies, deposited totals in GeV, mean cell fractions) of this rank's rows,
+        in one pass over the files: each shower's total, and the mean over the showers
+        of each cell's fraction of its shower's energy, (cells, cells, cells)."""
+        energies, totals, summed = [], [], np.zeros((CELLS,) * 3)
+        for showers, chunk_energies in self._chunks():
+            chunk_totals = showers.sum(axis=(1, 2, 3), dtype=np.float64)
+            energies.append(chunk_energies)
+            totals.append(chunk_totals)
+            summed += (showers / np.maximum(chunk_totals, 1e-12)[:, None, None, None]).sum(axis=0)
+        if not energies:
+            raise ValueError("No showers to read.")
+        totals = np.concatenate(totals)
+        return np.concatenate(energies), totals, summed / len(totals)
+
     def totals(self):
         """(energies, deposited totals) of this rank's rows in GeV, as numpy arrays."""
-        energies, totals = [], []
-        for showers, chunk_energies in self._chunks():
-            energies.append(chunk_energies)
-            totals.append(showers.sum(axis=(1, 2, 3), dtype=np.float64))
-        if not energies:
-            return np.zeros((0,), np.float32), np.zeros((0,))
-        return np.concatenate(energies), np.concatenate(totals)
+        return self.statistics()[:2]
 
     def mean_fractions(self):
         """The mean over this rank's showers of each cell's fraction of the shower's energy."""
-        summed, count = np.zeros((CELLS,) * 3), 0
-        for showers, _ in self._chunks():
-            totals = showers.sum(axis=(1, 2, 3), dtype=np.float64)
-            summed += (showers / np.maximum(totals, 1e-12)[:, None, None, None]).sum(axis=0)
-            count += len(showers)
-        if not count:
-            raise ValueError("No showers to average.")
-        return summed / count
+        return self.statistics()[2]
 
     def _chunks(self, limit=None, chunk=128):
         import h5py

@@ -124,8 +124,9 @@ def build_gan(args, total_weights=None, mean_fractions=None):
     return gan
 
 
-def fit_total_energy(paths, seed=0, steps=1500):
-    """Fits a `model.total_energy` network to every file's showers: (weights, summary).
+def fit_total_energy(energies, totals, seed=0, steps=1500):
+    """Fits a `model.total_energy` network to showers' primary `energies` and
+    deposited `totals` (GeV): (weights, summary).
 
     Every rank fits the same network on all the rows of all the files (their
     totals only, one number per shower), outside any strategy, so no rank
@@ -137,7 +138,6 @@ def fit_total_energy(paths, seed=0, steps=1500):
     import numpy as np
     import tensorflow as tf
 
-    energies, totals = data.ShowerFiles(paths).totals()
     condition = (energies / gan_model.ENERGY_SCALE).reshape(-1, 1).astype("float32")
     target = np.log(totals * gan_model.CELL_SCALE / condition[:, 0]).reshape(-1, 1)
     keras.utils.set_random_seed(seed)
@@ -206,8 +206,9 @@ def main(argv=None):
     paths = sorted(glob.glob(os.path.join(args.data, "*.h5")))
     total_weights = total_fit = mean_fractions = None
     if args.split_energy:
-        total_weights, total_fit = fit_total_energy(paths, seed=args.seed)
-        mean_fractions = data.ShowerFiles(paths).mean_fractions()
+        # One pass over every file gives both priors.
+        energies, totals, mean_fractions = data.ShowerFiles(paths).statistics()
+        total_weights, total_fit = fit_total_energy(energies, totals, seed=args.seed)
         if rank == 0:
             print("Total energy fitted, log(deposited / primary) mean and sigma: "
                   + ", ".join(f"{k} {m:.3f} {s:.4f}" for k, (m, s) in total_fit.items()),
