@@ -46,6 +46,13 @@ def _read(name):
     return tf.identity(variable)
 
 
+def forget_world():
+    """The next read takes the values of the world `kdist.init()` starts next
+    (`kdist.shutdown` calls this)."""
+    with _lock:
+        _generation[0] = None
+
+
 def refresh():
     """Updates the values after the world changed (an elastic reset calls this)."""
     if _variables:

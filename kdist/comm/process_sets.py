@@ -136,6 +136,20 @@ def remove_process_set(process_set):
     return True
 
 
+def remove_all():
+    """Unregisters every process set but the global one (`kdist.shutdown` does): a job
+    started again with `kdist.init()` begins with the global set alone, as Horovod's does."""
+    with _lock:
+        sets = list(_registered.values())
+        _registered.clear()
+        _next_id[0] = 1
+    for process_set in sets:
+        if process_set._comm is not None:
+            process_set._comm.free()
+            process_set._comm = None
+        process_set.process_set_id = None
+
+
 def registered(process_set_id):
     """The registered process set with this id (0 is the global set), or None."""
     if process_set_id == 0:

@@ -301,13 +301,20 @@ def replace_world(mpi_comm):
 
 
 def shutdown():
-    """Releases kdist's communicators. `init()` may be called again afterwards."""
-    from kdist.comm import watchdog
+    """Releases kdist's communicators and process sets. `init()` may be called again
+    afterwards, and starts afresh: the global process set alone, settings read anew."""
+    from kdist.comm import process_ops, process_sets, timeline, watchdog
 
-    watchdog.stop_monitor()
     with _state.lock:
         if not _state.initialized:
+            watchdog.stop_monitor()
             return
+    # What init started from the environment ends here, while the world still answers.
+    timeline.stop_started_from_environment()
+    watchdog.stop_monitor()
+    process_sets.remove_all()
+    process_ops.forget_world()
+    with _state.lock:
         for comm in (_state.cross, _state.local, _state.world):
             if comm is not None:
                 comm.free()
@@ -381,14 +388,15 @@ class _RankFilter(logging.Filter):
 def _configure_logging():
     """Gives kdist's loggers a rank prefix; only rank 0 speaks at INFO by default."""
     root = logging.getLogger("kdist")
-    if getattr(root, "_kdist_configured", False):
-        return
-    root._kdist_configured = True
-    handler = logging.StreamHandler(sys.stderr)
-    handler.addFilter(_RankFilter())
-    handler.setFormatter(logging.Formatter("[kdist %(kdist_rank)s] %(levelname)s %(message)s"))
-    root.addHandler(handler)
-    root.propagate = False
+    if not getattr(root, "_kdist_configured", False):
+        root._kdist_configured = True
+        handler = logging.StreamHandler(sys.stderr)
+        handler.addFilter(_RankFilter())
+        handler.setFormatter(logging.Formatter("[kdist %(kdist_rank)s] %(levelname)s "
+                                               "%(message)s"))
+        root.addHandler(handler)
+        root.propagate = False
+    # At every init: a world started again may give this process another rank.
     level = os.environ.get("KDIST_LOG_LEVEL")
     if level:
         root.setLevel(level.upper())

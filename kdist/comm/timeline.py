@@ -36,6 +36,9 @@ _lock = threading.Lock()
 _recording = False
 _path = None
 _spans = []  # (phase, what, start_ns, end_ns, bytes)
+# Whether the timeline that records now was started by KDIST_TIMELINE.
+_from_environment = False
+_stop_at_exit_registered = False
 _SPAN_LIMIT = 2_000_000
 _PYTHON_TRACK, _GRAPH_TRACK = 0, 1
 
@@ -63,7 +66,8 @@ def start_timeline(file_path, mark_cycles=False):
     """Starts recording every collective of this rank; `stop_timeline` writes `file_path`.
 
     Call it on every rank with the same path (as with `KDIST_TIMELINE=path`,
-    which starts one at `kdist.init()` and writes it when the process ends).
+    which starts one at `kdist.init()` and writes it at `kdist.shutdown()` or when
+    the process ends).
 
     Args:
         file_path: the Chrome-trace JSON file to write.
@@ -204,6 +208,24 @@ def start_from_environment():
         return
     mark = os.environ.get("KDIST_TIMELINE_MARK_CYCLES",
                           os.environ.get("HOROVOD_TIMELINE_MARK_CYCLES", "0"))
+    global _from_environment
     start_timeline(path, mark_cycles=mark.lower() in ("1", "true", "yes"))
-    atexit.register(stop_timeline)
+    _from_environment = True
+    if not _stop_at_exit_registered:
+        _register_stop_at_exit()
     logger.info("timeline: recording every collective to %s", path)
+
+
+def _register_stop_at_exit():
+    global _stop_at_exit_registered
+    _stop_at_exit_registered = True
+    atexit.register(stop_timeline)
+
+
+def stop_started_from_environment():
+    """Writes the timeline `KDIST_TIMELINE` started, if one records (`kdist.shutdown`
+    calls this; the process's end does too, for a script that does not shut down)."""
+    global _from_environment
+    if _from_environment:
+        _from_environment = False
+        stop_timeline()

@@ -16,7 +16,7 @@ in a graph, the XLA lowering (about a minute; XLA's headers are large) when a
 function compiled with XLA first uses one. When the ops cannot be built (no
 compiler, no MPI headers, another MPI library than mpi4py's) kdist says why
 once and uses py-function ops, which XLA cannot compile. `KDIST_NATIVE_OPS=0`
-turns the native ops off.
+turns the native ops off (read whenever a graph is built).
 """
 
 import ctypes
@@ -126,17 +126,24 @@ def _build_xla(tf, ops_library):
     return library
 
 
+DISABLED = "disabled by KDIST_NATIVE_OPS"
+
+
+def _disabled():
+    """Read at each use, not once: a process may build graphs before and after a change."""
+    return os.environ.get("KDIST_NATIVE_OPS", "1").lower() in ("0", "false", "no")
+
+
 def load():
     """The loaded op module, or None when the native ops cannot be used here."""
     global _ops, _ops_failure, _ops_library
+    if _disabled():
+        return None
     if _ops is not None or _ops_failure is not None:
         return _ops
     with _lock:
         if _ops is not None or _ops_failure is not None:
             return _ops
-        if os.environ.get("KDIST_NATIVE_OPS", "1").lower() in ("0", "false", "no"):
-            _ops_failure = "disabled by KDIST_NATIVE_OPS"
-            return None
         import tensorflow as tf
 
         try:
@@ -178,7 +185,7 @@ def load_xla():
     if load() is None:
         raise RuntimeError(
             "kdist's collectives cannot run inside a function compiled with XLA here: its "
-            f"C++ ops are not available ({_ops_failure}). Compile the model with "
+            f"C++ ops are not available ({failure()}). Compile the model with "
             "jit_compile=False, or install an MPI C++ compiler (mpicxx).")
     with _lock:
         if _xla_loaded:
@@ -200,7 +207,7 @@ def load_xla():
 
 def failure():
     """Why the native ops are not used, or None."""
-    return _ops_failure
+    return DISABLED if _disabled() else _ops_failure
 
 
 def library_path():
