@@ -96,9 +96,30 @@ def _import_mpi():
     # PMIX_MCA_psec to choose otherwise.
     if "SLURM_STEP_ID" in os.environ:
         os.environ.setdefault("PMIX_MCA_psec", "native")
+    if _all_ranks_on_this_node():
+        # Open MPI's libfabric transport probes its providers in MPI_Init even where no
+        # rank will use it: on one node shared memory carries every message, and the
+        # probe cost each rank 1.0 s of its 1.1 s MPI_Init here (benchmarks/startup.py).
+        # Set OMPI_MCA_btl to choose otherwise.
+        os.environ.setdefault("OMPI_MCA_btl", "^ofi")
     from mpi4py import MPI
 
     return MPI
+
+
+def _all_ranks_on_this_node(environ=None):
+    """Whether Open MPI's launcher put every rank of the job on this node.
+
+    >>> _all_ranks_on_this_node({"OMPI_COMM_WORLD_SIZE": "4",
+    ...                          "OMPI_COMM_WORLD_LOCAL_SIZE": "4"})
+    True
+    >>> _all_ranks_on_this_node({"OMPI_COMM_WORLD_SIZE": "4",
+    ...                          "OMPI_COMM_WORLD_LOCAL_SIZE": "2"})
+    False
+    """
+    environ = os.environ if environ is None else environ
+    size = environ.get("OMPI_COMM_WORLD_SIZE")
+    return size is not None and environ.get("OMPI_COMM_WORLD_LOCAL_SIZE") == size
 
 
 def init(comm=None, process_sets=None):
