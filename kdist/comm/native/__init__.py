@@ -16,7 +16,9 @@ in a graph, the XLA lowering (about a minute; XLA's headers are large) when a
 function compiled with XLA first uses one. When the ops cannot be built (no
 compiler, no MPI headers, another MPI library than mpi4py's) kdist says why
 once and uses py-function ops, which XLA cannot compile. `KDIST_NATIVE_OPS=0`
-turns the native ops off (read whenever a graph is built).
+turns the native ops off (read whenever a graph is built). Once loaded, the ops write
+the crashing thread's native backtrace when the process crashes (engine.cc;
+`KDIST_NATIVE_BACKTRACE=0` turns that off).
 """
 
 import ctypes
@@ -90,7 +92,10 @@ def _compile(library, command, what):
 
 
 def _tf_flags(tf):
-    return tf.sysconfig.get_compile_flags() + tf.sysconfig.get_link_flags()
+    # KDIST_NATIVE_CXXFLAGS: more compiler flags, such as a sanitizer's
+    # (benchmarks/sanitizers.py); they are part of the cached library's key.
+    extra = os.environ.get("KDIST_NATIVE_CXXFLAGS", "").split()
+    return tf.sysconfig.get_compile_flags() + tf.sysconfig.get_link_flags() + extra
 
 
 def _build_ops(tf):

@@ -2,7 +2,10 @@
 #include "engine.h"
 #include "ring.h"
 
+#include <execinfo.h>
+#include <signal.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -658,3 +661,53 @@ extern "C" int64_t kdist_timeline_take(char* buffer, int64_t length) {
   lines.erase(0, n);
   return static_cast<int64_t>(n);
 }
+
+// A crash in native code (a fault in one of TensorFlow's threads, say) ends the
+// process with its signal; Python's faulthandler then prints every thread's
+// Python stack, in which the native frames that crashed do not show. Once kdist's
+// ops are loaded, a crash first writes the crashing thread's native backtrace to
+// standard error, then hands the signal on to the handler that was there before
+// (faulthandler's, or the default one). KDIST_NATIVE_BACKTRACE=0 leaves the
+// handlers alone.
+namespace {
+
+constexpr int kCrashSignals[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT};
+constexpr int kCrashSignalCount = sizeof(kCrashSignals) / sizeof(kCrashSignals[0]);
+struct sigaction g_previous_actions[kCrashSignalCount];
+
+void WriteNativeBacktrace(int signal_number, siginfo_t*, void*) {
+  static const char kHeader[] = "\nkdist: native backtrace of the crashing thread:\n";
+  if (write(STDERR_FILENO, kHeader, sizeof(kHeader) - 1) < 0) {
+    // Nothing else can be said.
+  }
+  void* frames[64];
+  backtrace_symbols_fd(frames, backtrace(frames, 64), STDERR_FILENO);
+  for (int i = 0; i < kCrashSignalCount; ++i) {
+    if (kCrashSignals[i] == signal_number) {
+      sigaction(signal_number, &g_previous_actions[i], nullptr);
+    }
+  }
+  // Blocked while this handler runs; delivered to the handler put back above.
+  raise(signal_number);
+}
+
+struct NativeBacktraceOnCrash {
+  NativeBacktraceOnCrash() {
+    const char* setting = std::getenv("KDIST_NATIVE_BACKTRACE");
+    if (setting != nullptr && std::strcmp(setting, "0") == 0) return;
+    void* warm_up[1];
+    backtrace(warm_up, 1);  // loads the unwinder now, not inside the handler
+    struct sigaction action;
+    std::memset(&action, 0, sizeof(action));
+    action.sa_sigaction = WriteNativeBacktrace;
+    action.sa_flags = SA_SIGINFO | SA_ONSTACK;
+    sigemptyset(&action.sa_mask);
+    for (int i = 0; i < kCrashSignalCount; ++i) {
+      sigaction(kCrashSignals[i], &action, &g_previous_actions[i]);
+    }
+  }
+};
+
+const NativeBacktraceOnCrash g_native_backtrace_on_crash;
+
+}  // namespace
