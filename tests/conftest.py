@@ -3,9 +3,11 @@
 import gc
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
+import warnings
 from dataclasses import dataclass
 
 import pytest
@@ -42,6 +44,61 @@ def _read_reports(report_dir):
             with open(os.path.join(report_dir, name)) as f:
                 results[int(name[5:-5])] = json.load(f)
     return results
+
+
+# What the suite spends on processes, printed at its end (pytest_terminal_summary).
+_COST = {"worlds": None, "jobs": 0, "ranks": 0, "python": 0, "other": 0, "job_seconds": 0.0}
+_LAUNCHERS = ("mpiexec", "mpirun", "srun", "orterun", "prterun")
+
+
+def _count_processes(event, args):
+    """Counts every process this test process starts (an audit hook: nothing is patched)."""
+    if event != "subprocess.Popen":
+        return
+    argv = [str(a) for a in (args[1] if isinstance(args[1], (list, tuple)) else [args[1]])]
+    program = os.path.basename(argv[0]) if argv else ""
+    if program in _LAUNCHERS and "-n" in argv:
+        _COST["jobs"] += 1
+        try:
+            _COST["ranks"] += int(argv[argv.index("-n") + 1])
+        except (IndexError, ValueError):
+            pass
+    elif program.startswith("python") or (argv and argv[0] == sys.executable):
+        _COST["python"] += 1
+    else:
+        _COST["other"] += 1
+
+
+sys.addaudithook(_count_processes)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The suite's own cost: processes started, ranks, and the seconds spent starting
+    shared worlds, so that a change that adds jobs shows here."""
+    worlds = _COST["worlds"]
+    started = worlds.started if worlds is not None else []
+    launched = [s for s in started if s[1]]
+    world_ranks = sum(size for size, _, _ in launched)
+    jobs, ranks = _COST["jobs"] - len(launched), _COST["ranks"] - world_ranks
+    python = _COST["python"] - (len(started) - len(launched))
+    write = terminalreporter.write_line
+    terminalreporter.section("kdist suite cost")
+    write(f"shared worlds: {len(started)} started ({world_ranks} ranks under mpiexec, "
+          f"{len(started) - len(launched)} single processes), "
+          f"{sum(s for _, _, s in started):.0f} s starting them, "
+          f"{worlds.jobs if worlds else 0} scripts run on them")
+    write(f"jobs of their own: {jobs} mpiexec or srun jobs with {ranks} ranks in all; "
+          f"{python} other Python processes; {_COST['other']} other commands")
+    write(f"processes started in all: {world_ranks + ranks + python + len(started) - len(launched)}"
+          f" Python ranks and processes, each of which imports TensorFlow before its first "
+          f"test line (about {_import_seconds(started):.1f} s of CPU, as the worlds measured)")
+
+
+def _import_seconds(started):
+    worlds = _COST["worlds"]
+    if worlds is None:
+        return float("nan")
+    return worlds.mean_start_cpu()
 
 
 WITHOUT_MPI = "KDIST_TEST_WITHOUT_MPI"
@@ -107,8 +164,114 @@ def mpiexec_path():
 
 
 @pytest.fixture
-def mpirun(mpiexec_path, tmp_path):
-    """Runs a Python script on N ranks with a hard timeout and collects each rank's report.
+def mpirun(mpiexec_path, tmp_path, worlds):
+    """Runs a Python script on every rank of a shared world of N ranks; collects reports.
+
+    `script` is a path under tests/workers/ or a string of code. It runs as
+    `python script args` would, on ranks that ran earlier tests' scripts (see
+    shared_world.py): each rank may call `workers.common.report(obj)` to hand a JSON
+    object back (`result.results[rank]`). The test fails, naming every rank whose
+    script failed with its traceback, unless `check=False`. A job that outlives
+    `timeout` has every rank's stack written out and its world ended, so a hang can
+    never stall CI. Tests whose subject is the process use `mpi_job` instead.
+    """
+
+    def run(script, n=2, args=(), timeout=180, check=True, env=None, **fresh_only):
+        if fresh_only:
+            raise TypeError(f"mpirun runs on a shared world and takes no "
+                            f"{', '.join(sorted(fresh_only))}; a test whose subject is the "
+                            "process (faults, hosts, launcher arguments) uses mpi_job")
+        script = _script_path(script, tmp_path)
+        report_dir = _report_dir(tmp_path, script, args)
+        environ = _job_environment(report_dir, env)
+        outcome = _shared_job(worlds, n, script, args=args, environ=environ,
+                              timeout=timeout)
+        result = MPIResult(outcome.returncode, outcome.output, _read_reports(report_dir))
+        if check and outcome.returncode != 0:
+            pytest.fail(f"the script failed on a shared world of {n} ranks:\n"
+                        f"{outcome.report()}", pytrace=False)
+        return result
+
+    return run
+
+
+# The test that runs now (pytest_runtest_setup): a world that hangs ends its file's turn.
+_CURRENT = {"file": None, "test": None}
+
+
+def pytest_runtest_setup(item):
+    _CURRENT.update(file=str(item.path), test=item.nodeid)
+
+
+def _shared_job(worlds, n, script, launcher=True, **job):
+    """Runs a job on the shared world of `n`; a test of a file whose world hung is not run."""
+    test_file = _CURRENT["file"]
+    outcome = worlds.run(test_file, _CURRENT["test"], n, script, launcher=launcher, **job)
+    if outcome is not None:
+        for note in outcome.notes:
+            warnings.warn(note)
+    if outcome is None:
+        pytest.skip(f"not run: the shared world hung in {worlds.hung_in[test_file]}, and "
+                    "the rest of its file is not run (its report says where it hung)")
+    return outcome
+
+
+def _script_path(script, tmp_path):
+    if "\n" in script or not str(script).endswith(".py"):
+        path = tmp_path / f"script_{abs(hash(script))}.py"
+        path.write_text(textwrap.dedent(script))
+        return str(path)
+    if not os.path.isabs(script):
+        return os.path.join(WORKERS, script)
+    return str(script)
+
+
+def _report_dir(tmp_path, script, args):
+    report_dir = tmp_path / f"reports_{abs(hash((script, tuple(str(a) for a in args))))}"
+    report_dir.mkdir(exist_ok=True)
+    return report_dir
+
+
+# What every rank of the tests' jobs sees, shared world or not.
+RANK_SETTINGS = {
+    "TF_CPP_MIN_LOG_LEVEL": "3",
+    "PYTHONUNBUFFERED": "1",
+    # A rank that crashes in native code prints every thread's Python stack.
+    "PYTHONFAULTHANDLER": "1",
+}
+
+
+def _rank_environment():
+    return dict(os.environ, PYTHONPATH=os.pathsep.join([HERE, os.environ.get("PYTHONPATH", "")]),
+                **RANK_SETTINGS)
+
+
+def _job_environment(report_dir, env=None):
+    environ = _rank_environment()
+    environ["KDIST_TEST_REPORTS"] = str(report_dir)
+    environ.update(env or {})
+    return environ
+
+
+@pytest.fixture(scope="session")
+def worlds():
+    """The session's shared worlds (shared_world.Worlds), ended when the session ends."""
+    import shared_world
+
+    manager = shared_world.Worlds(_rank_environment(), mpiexec=_mpiexec())
+    _COST["worlds"] = manager
+    yield manager
+    manager.stop_all()
+
+
+@pytest.fixture
+def mpi_job(mpiexec_path, tmp_path):
+    """Runs a Python script as a job of its own on N ranks, with a hard timeout.
+
+    For tests whose subject is the process itself (kills, signals, exits, early leavers,
+    deadlocks, elastic shrink and grow, emulated hosts, launchers, settings read at
+    import); every other multi-rank test uses `mpirun`, whose ranks are shared. Such a
+    test says in its docstring why it needs a job of its own.
 
     `script` is a path under tests/workers/ or a string of code. Each rank may
     call `workers.common.report(obj)` to hand a JSON object back; the test
@@ -135,23 +298,11 @@ def mpirun(mpiexec_path, tmp_path):
         return _run(script, n, args, timeout, check, env, fault_tolerant, mpi_args, None)
 
     def _run(script, n, args, timeout, check, env, fault_tolerant, mpi_args, machines):
-        if "\n" in script or not script.endswith(".py"):
-            path = tmp_path / f"script_{abs(hash(script))}.py"
-            path.write_text(textwrap.dedent(script))
-            script = str(path)
-        elif not os.path.isabs(script):
-            script = os.path.join(WORKERS, script)
-        report_dir = tmp_path / f"reports_{abs(hash((script, tuple(args))))}"
-        report_dir.mkdir(exist_ok=True)
+        script = _script_path(script, tmp_path)
+        report_dir = _report_dir(tmp_path, script, args)
         command = [sys.executable, "-u", script] + [str(a) for a in args]
-        settings = {
-            "PYTHONPATH": os.pathsep.join([HERE, os.environ.get("PYTHONPATH", "")]),
-            "KDIST_TEST_REPORTS": str(report_dir),
-            "TF_CPP_MIN_LOG_LEVEL": "3",
-            "PYTHONUNBUFFERED": "1",
-            # A rank that crashes in native code prints every thread's Python stack.
-            "PYTHONFAULTHANDLER": "1",
-        }
+        settings = dict(RANK_SETTINGS, KDIST_TEST_REPORTS=str(report_dir),
+                        PYTHONPATH=os.pathsep.join([HERE, os.environ.get("PYTHONPATH", "")]))
         settings.update(env or {})
         if machines is not None:
             # So that a worker can pull its own host's cable (see emulated_hosts.set_link).
@@ -165,32 +316,67 @@ def mpirun(mpiexec_path, tmp_path):
         full_env.update(settings)
         if machines is not None:
             argv = machines.on_first_host(argv)
-        try:
-            done = subprocess.run(argv, env=full_env, stdout=subprocess.PIPE,
-                                  stderr=subprocess.STDOUT, text=True, timeout=timeout)
-        except subprocess.TimeoutExpired as error:
-            out = error.output or ""
-            if isinstance(out, bytes):
-                out = out.decode(errors="replace")
-            # TensorFlow's start-up lines would crowd out what the ranks said.
-            out = "\n".join(line for line in out.splitlines()
-                             if "absl::InitializeLog" not in line and "cudart_stub" not in line)
+        returncode, output, timed_out = _run_job(argv, full_env, timeout)
+        if timed_out:
+            import shared_world
+
             reported = sorted(p.name for p in report_dir.iterdir())
-            pytest.fail(f"mpiexec job did not finish within {timeout} s; reports written: "
-                        f"{reported}\n{out[-6000:]}")
-        results = _read_reports(report_dir)
-        result = MPIResult(done.returncode, done.stdout, results)
-        if check and done.returncode != 0:
-            pytest.fail(f"mpiexec job failed with exit code {done.returncode}:\n"
-                        f"{done.stdout[-6000:]}")
+            pytest.fail(f"mpiexec job did not finish within {timeout} s (every rank's stack "
+                        f"is below); reports written: {reported}\n"
+                        f"{shared_world.quiet(output)[-8000:]}", pytrace=False)
+        result = MPIResult(returncode, output, _read_reports(report_dir))
+        if check and returncode != 0:
+            pytest.fail(f"mpiexec job failed with exit code {returncode}:\n"
+                        f"{output[-6000:]}", pytrace=False)
         return result
 
     return run
 
 
+def _run_job(argv, env, timeout):
+    """Runs a job of its own: `(exit code, output, timed out)`.
+
+    On `timeout` the launcher gets SIGUSR1 first, which Open MPI's and MPICH's launchers
+    pass on to every rank, and on which every rank the tests start writes each thread's
+    Python stack (sitecustomize.py); then the job is ended.
+    """
+    process = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True, start_new_session=True)
+    try:
+        output, _ = process.communicate(timeout=timeout)
+        return process.returncode, output, False
+    except subprocess.TimeoutExpired:
+        process.send_signal(signal.SIGUSR1)
+        try:
+            output, _ = process.communicate(timeout=3)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            output, _ = process.communicate()
+        return process.returncode, output, True
+
+
 @pytest.fixture(scope="session")
-def python_run(tmp_path_factory):
-    """Runs a worker script in a fresh single Python process (no MPI launcher).
+def python_script(tmp_path_factory, worlds):
+    """Runs a script as `python script args` would, without an MPI launcher: on the
+    shared world of one process that has none. Returns an `MPIResult` (rank 0's report,
+    if it wrote one); fails the test unless `check=False`."""
+
+    def run(script, args=(), timeout=180, check=True, env=None, cwd=None):
+        report_dir = tmp_path_factory.mktemp("single")
+        path = script if os.path.isabs(script) else os.path.join(WORKERS, script)
+        outcome = _shared_job(worlds, 1, path, launcher=False, args=args,
+                              environ=_job_environment(report_dir, env), timeout=timeout,
+                              cwd=cwd)
+        if check and outcome.returncode != 0:
+            pytest.fail(f"{script} failed:\n{outcome.report()}", pytrace=False)
+        return MPIResult(outcome.returncode, outcome.output, _read_reports(report_dir))
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def python_run(python_script):
+    """Rank 0's report of a worker script run as one process without a launcher.
 
     The workers are seeded, so a single-process reference is a function of the
     script and its arguments: a run asked for again is answered from the first.
@@ -200,25 +386,8 @@ def python_run(tmp_path_factory):
     def run(script, args=(), timeout=180):
         key = (script, tuple(str(a) for a in args))
         if key not in answered:
-            answered[key] = json.dumps(_run_single(script, args, timeout))
+            answered[key] = json.dumps(python_script(script, args, timeout=timeout).rank(0))
         return json.loads(answered[key])
-
-    def _run_single(script, args, timeout):
-        report_dir = tmp_path_factory.mktemp("single")
-        env = dict(os.environ)
-        for name in list(env):
-            if name.startswith(("OMPI_", "PMIX_", "PMI_")):
-                env.pop(name)
-        env.update({"PYTHONPATH": os.pathsep.join([HERE, env.get("PYTHONPATH", "")]),
-                    "KDIST_TEST_REPORTS": str(report_dir), "TF_CPP_MIN_LOG_LEVEL": "3"})
-        path = script if os.path.isabs(script) else os.path.join(WORKERS, script)
-        done = subprocess.run([sys.executable, "-u", path] + [str(a) for a in args], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              timeout=timeout)
-        if done.returncode != 0:
-            pytest.fail(f"{script} failed:\n{done.stdout[-6000:]}")
-        with open(report_dir / "rank-0.json") as f:
-            return json.load(f)
 
     return run
 

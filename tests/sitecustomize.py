@@ -10,3 +10,10 @@ garbage still goes, and the tests that measure memory collect explicitly first.
 import gc
 
 gc.set_threshold(700, 10, 1000)
+
+import faulthandler
+import signal
+
+# On SIGUSR1 (which the tests send a job that outlives its timeout, and which Open MPI's
+# and MPICH's launchers pass on to every rank) every thread's Python stack is written out.
+faulthandler.register(signal.SIGUSR1, all_threads=True)

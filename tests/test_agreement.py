@@ -93,10 +93,13 @@ def test_ranks_validating_on_their_own_shards_agree_and_drift_is_named(mpirun):
 
 
 @pytest.mark.mpi
-def test_a_rank_whose_fit_stops_alone_ends_the_job_naming_its_callback(mpirun):
+def test_a_rank_whose_fit_stops_alone_ends_the_job_naming_its_callback(mpi_job):
+    """Its own job: one rank's script ends while the other waits, and the job ends; how is the
+    subject.
+    """
     started = time.monotonic()
-    job = mpirun("agreement.py", n=2, args=["leave"], check=False, timeout=90,
-                 env={"KDIST_AGREEMENT": "0"})
+    job = mpi_job("agreement.py", n=2, args=["leave"], check=False, timeout=90,
+                  env={"KDIST_AGREEMENT": "0"})
     elapsed = time.monotonic() - started
     assert job.returncode != 0 and elapsed < 80
     assert job.rank(1) == {"finished": True}

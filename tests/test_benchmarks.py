@@ -58,10 +58,13 @@ def test_step_overhead_benchmark_compares_the_overhead_with_the_raw_allreduce(mp
     assert {"negotiate", "pack", "allreduce"} <= set(result["phase_ms_per_step"])
 
 
-def test_overlap_benchmark_times_models_that_train_identically(mpirun):
-    job = mpirun(os.path.join(ROOT, "benchmarks", "overlap.py"), n=2,
-                 args=["--width", "128", "--depth", "3", "--batch", "32", "--bucket-mb", "0.06",
-                       "--rounds", "2", "--steps", "4"])
+def test_overlap_benchmark_times_models_that_train_identically(mpi_job):
+    """Its own job: the benchmark sets TensorFlow's thread counts, which only a new process
+    accepts.
+    """
+    job = mpi_job(os.path.join(ROOT, "benchmarks", "overlap.py"), n=2,
+                  args=["--width", "128", "--depth", "3", "--batch", "32", "--bucket-mb", "0.06",
+                        "--rounds", "2", "--steps", "4"])
     result = _json_from(job.output)
     # Several buckets, so that overlapping has something to overlap.
     assert result["buckets"] >= 3 and len(result["rounds"]) == 2
@@ -352,7 +355,7 @@ def test_hpo_test_functions_take_their_known_minima():
     (True, [0, 1, 2, 2, 2, 2, 2]),   # steady: the oldest told, then one asked
 ])
 def test_hpo_benchmark_asks_in_rounds_or_keeps_the_batch_running(steady, running_at_each_ask,
-                                                                  monkeypatch):
+                                                                 monkeypatch):
     pytest.importorskip("keras_tuner")
     pytest.importorskip("optuna")
     hpo = _load_benchmark("hpo")

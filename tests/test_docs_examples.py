@@ -1,16 +1,14 @@
 """Every Python code block of README.md and docs/ runs (see docs_runner.py for the markers).
 
-Single-process blocks of a page run in one fresh process, in order; a block
-marked `<!-- docs: mpi N -->` runs on N ranks under the shared mpiexec
-fixture. Each in a temporary directory, since blocks write checkpoints and
-exported models.
+Single-process blocks of a page run in order in one process without a launcher
+(the shared one of conftest's `python_script`); a block marked `<!-- docs: mpi N -->`
+runs on N ranks of a shared world (`mpirun`). Each in a temporary directory, since
+blocks write checkpoints and exported models.
 """
 
 import functools
 import glob
 import os
-import subprocess
-import sys
 
 import pytest
 
@@ -58,15 +56,8 @@ def test_a_signature_block_that_drifts_fails():
 
 
 @pytest.mark.parametrize("page", SINGLE, ids=_id)
-def test_single_process_blocks_run(page, tmp_path):
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=os.path.join(ROOT, "tests"))
-    for name in list(env):
-        if name.startswith(("OMPI_", "PMIX_", "PMI_")):
-            env.pop(name)
-    done = subprocess.run([sys.executable, RUNNER, page], cwd=tmp_path, env=env,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          timeout=420)
-    assert done.returncode == 0, done.stdout[-6000:]
+def test_single_process_blocks_run(page, tmp_path, python_script):
+    python_script(RUNNER, [page], cwd=tmp_path, timeout=420)
 
 
 @pytest.mark.mpi

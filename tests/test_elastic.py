@@ -17,11 +17,14 @@ def _survivors(job, expected):
 @pytest.mark.mpi
 @pytest.mark.parametrize("lost,how,path", [(2, "kill", "optimizer"), (0, "leave", "optimizer"),
                                            (1, "kill", "strategy")])
-def test_survivors_shrink_restore_the_last_commit_and_finish_identically(mpirun, lost, how,
-                                                                          path):
-    job = mpirun(WORKER, n=3, args=["--lose-rank", lost, "--how", how, "--at-batch", 10,
-                                    "--path", path],
-                 fault_tolerant=True, check=False, timeout=180)
+def test_survivors_shrink_restore_the_last_commit_and_finish_identically(mpi_job, lost, how,
+                                                                         path):
+    """Its own job: ranks die and the survivors shrink the world under Open MPI's fault
+    tolerance, which a shared world cannot lend.
+    """
+    job = mpi_job(WORKER, n=3, args=["--lose-rank", lost, "--how", how, "--at-batch", 10,
+                                     "--path", path],
+                  fault_tolerant=True, check=False, timeout=180)
     survivors = _survivors(job, 2)
     for out in survivors:
         assert out["size"] == 2 and out["epoch"] == 2
@@ -36,17 +39,21 @@ def test_survivors_shrink_restore_the_last_commit_and_finish_identically(mpirun,
 
 
 @pytest.mark.mpi
-def test_a_stopped_rank_is_declared_dead_and_ended_so_the_job_finishes(mpirun):
-    job = mpirun(WORKER, n=3, args=["--lose-rank", 1, "--how", "stop"], fault_tolerant=True,
-                 check=False, timeout=150)
+def test_a_stopped_rank_is_declared_dead_and_ended_so_the_job_finishes(mpi_job):
+    """Its own job: a rank is stopped and declared dead; the job's processes are the subject."""
+    job = mpi_job(WORKER, n=3, args=["--lose-rank", 1, "--how", "stop"], fault_tolerant=True,
+                  check=False, timeout=150)
     survivors = _survivors(job, 2)
     assert all(out["size"] == 2 and out["epoch"] == 2 for out in survivors)
     assert "which MPI declared dead but still ran" in job.output
 
 
 @pytest.mark.mpi
-def test_a_gan_keeps_both_models_and_both_optimizers_through_a_lost_rank(mpirun):
-    job = mpirun("elastic_gan.py", n=3, fault_tolerant=True, check=False, timeout=180)
+def test_a_gan_keeps_both_models_and_both_optimizers_through_a_lost_rank(mpi_job):
+    """Its own job: ranks die and the survivors shrink the world under Open MPI's fault
+    tolerance, which a shared world cannot lend.
+    """
+    job = mpi_job("elastic_gan.py", n=3, fault_tolerant=True, check=False, timeout=180)
     survivors = _survivors(job, 2)
     assert all(out["size"] == 2 and out["resets"] == [2] for out in survivors)
     assert survivors[0]["w"] == survivors[1]["w"]
@@ -55,8 +62,11 @@ def test_a_gan_keeps_both_models_and_both_optimizers_through_a_lost_rank(mpirun)
 
 
 @pytest.mark.mpi
-def test_a_job_that_loses_no_rank_trains_as_usual(mpirun):
-    survivors = _survivors(mpirun(WORKER, n=2, fault_tolerant=True, timeout=180), 2)
+def test_a_job_that_loses_no_rank_trains_as_usual(mpi_job):
+    """Its own job: the job runs under Open MPI's fault tolerance (its launcher's settings),
+    which a shared world is not started with.
+    """
+    survivors = _survivors(mpi_job(WORKER, n=2, fault_tolerant=True, timeout=180), 2)
     for out in survivors:
         assert out["size"] == 2 and out["epoch"] == 2 and out["sizes_at_reset"] == []
         # 1797 digits, 898 per rank, 57 batches of 16 per epoch.
@@ -65,9 +75,10 @@ def test_a_job_that_loses_no_rank_trains_as_usual(mpirun):
 
 
 @pytest.mark.mpi
-def test_an_ordinary_exception_ends_the_elastic_job_on_every_rank_with_its_message(mpirun):
-    job = mpirun(WORKER, n=3, args=["--lose-rank", 1, "--how", "raise"], fault_tolerant=True,
-                 check=False, timeout=120)
+def test_an_ordinary_exception_ends_the_elastic_job_on_every_rank_with_its_message(mpi_job):
+    """Its own job: an exception ends the elastic job; how the job ends is the subject."""
+    job = mpi_job(WORKER, n=3, args=["--lose-rank", 1, "--how", "raise"], fault_tolerant=True,
+                  check=False, timeout=120)
     assert job.returncode != 0 and not job.results
     assert "uncaught ValueError on rank 1: a bug on one rank" in job.output
     # The others learn of it together instead of carrying on without rank 1.
@@ -75,9 +86,12 @@ def test_an_ordinary_exception_ends_the_elastic_job_on_every_rank_with_its_messa
 
 
 @pytest.mark.mpi
-def test_fewer_survivors_than_the_minimum_end_the_job_with_a_message(mpirun):
-    job = mpirun(WORKER, n=3, args=["--lose-rank", 1], fault_tolerant=True, check=False,
-                 timeout=120, env={"KDIST_ELASTIC_MIN_NP": "3"})
+def test_fewer_survivors_than_the_minimum_end_the_job_with_a_message(mpi_job):
+    """Its own job: ranks die and the survivors shrink the world under Open MPI's fault
+    tolerance, which a shared world cannot lend.
+    """
+    job = mpi_job(WORKER, n=3, args=["--lose-rank", 1], fault_tolerant=True, check=False,
+                  timeout=120, env={"KDIST_ELASTIC_MIN_NP": "3"})
     assert job.returncode != 0 and not job.results
     assert "Only 2 rank(s) are left, fewer than the 3 this job needs" in job.output
 
@@ -259,10 +273,13 @@ GROW = {"env": {"KDIST_ELASTIC_MAX_NP": "3"}, "mpi_args": ["--oversubscribe"] + 
 @pytest.mark.mpi
 @pytest.mark.parametrize("lost,path", [(2, "optimizer"),
                                        pytest.param(1, "strategy", marks=pytest.mark.slow)])
-def test_a_lost_rank_is_replaced_and_the_newcomer_trains_from_the_last_commit(mpirun, lost,
-                                                                            path):
-    job = mpirun(WORKER, n=3, args=["--lose-rank", lost, "--at-batch", 10, "--path", path],
-                 fault_tolerant=True, check=False, timeout=180, **GROW)
+def test_a_lost_rank_is_replaced_and_the_newcomer_trains_from_the_last_commit(mpi_job, lost,
+                                                                              path):
+    """Its own job: a rank dies and the survivors spawn its replacement; the processes are the
+    subject.
+    """
+    job = mpi_job(WORKER, n=3, args=["--lose-rank", lost, "--at-batch", 10, "--path", path],
+                  fault_tolerant=True, check=False, timeout=180, **GROW)
     ranks = _survivors(job, 3)
     assert "started 1 rank(s) to replace lost ones; carrying on with 3" in job.output
     # The survivors keep the lower ranks and reset; the newcomer takes rank 2 and
@@ -280,9 +297,10 @@ def test_a_lost_rank_is_replaced_and_the_newcomer_trains_from_the_last_commit(mp
 
 @pytest.mark.mpi
 @pytest.mark.slow
-def test_a_replacement_that_dies_is_replaced_in_turn(mpirun):
-    job = mpirun(WORKER, n=3, args=["--lose-rank", 2, "--replacement-dies-at", 5],
-                 fault_tolerant=True, check=False, timeout=180, **GROW)
+def test_a_replacement_that_dies_is_replaced_in_turn(mpi_job):
+    """Its own job: replacements are spawned and die; the processes are the subject."""
+    job = mpi_job(WORKER, n=3, args=["--lose-rank", 2, "--replacement-dies-at", 5],
+                  fault_tolerant=True, check=False, timeout=180, **GROW)
     ranks = _survivors(job, 3)
     assert [out["sizes_at_reset"] for out in ranks] == [[3, 3], [3, 3], []]
     assert len({out["weights_sum"] for out in ranks}) == 1
@@ -290,9 +308,10 @@ def test_a_replacement_that_dies_is_replaced_in_turn(mpirun):
 
 
 @pytest.mark.mpi
-def test_replacements_that_die_before_they_join_are_not_started_again(mpirun):
-    job = mpirun(WORKER, n=3, args=["--lose-rank", 2, "--replacement-dies-at", 0],
-                 fault_tolerant=True, check=False, timeout=180, **GROW)
+def test_replacements_that_die_before_they_join_are_not_started_again(mpi_job):
+    """Its own job: replacements are spawned and die; the processes are the subject."""
+    job = mpi_job(WORKER, n=3, args=["--lose-rank", 2, "--replacement-dies-at", 0],
+                  fault_tolerant=True, check=False, timeout=180, **GROW)
     ranks = _survivors(job, 2)
     assert "died before they received the state; not starting more" in job.output
     assert job.output.count("started 1 rank(s) to replace lost ones") == 2  # once per survivor
@@ -302,8 +321,11 @@ def test_replacements_that_die_before_they_join_are_not_started_again(mpirun):
 
 @pytest.mark.mpi
 @pytest.mark.slow
-def test_a_gan_replacement_receives_both_models_and_both_optimizers(mpirun):
-    job = mpirun("elastic_gan.py", n=3, fault_tolerant=True, check=False, timeout=180, **GROW)
+def test_a_gan_replacement_receives_both_models_and_both_optimizers(mpi_job):
+    """Its own job: a rank dies and the survivors spawn its replacement; the processes are the
+    subject.
+    """
+    job = mpi_job("elastic_gan.py", n=3, fault_tolerant=True, check=False, timeout=180, **GROW)
     ranks = _survivors(job, 3)
     assert [out["resets"] for out in ranks] == [[3], [3], []]
     assert len({out["w"] for out in ranks}) == 1
@@ -311,11 +333,14 @@ def test_a_gan_replacement_receives_both_models_and_both_optimizers(mpirun):
 
 
 @pytest.mark.mpi
-def test_with_no_slot_for_a_replacement_the_survivors_carry_on(mpirun):
+def test_with_no_slot_for_a_replacement_the_survivors_carry_on(mpi_job):
     # Two slots, two ranks, no leave to oversubscribe: the dead rank's slot stays taken.
-    job = mpirun(WORKER, n=2, args=["--lose-rank", 1], fault_tolerant=True, check=False,
-                 timeout=180, env={"KDIST_ELASTIC_MAX_NP": "2"},
-                 mpi_args=["--host", "localhost:2"])
+    """Its own job: ranks die and the survivors shrink the world under Open MPI's fault
+    tolerance, which a shared world cannot lend.
+    """
+    job = mpi_job(WORKER, n=2, args=["--lose-rank", 1], fault_tolerant=True, check=False,
+                  timeout=180, env={"KDIST_ELASTIC_MAX_NP": "2"},
+                  mpi_args=["--host", "localhost:2"])
     (out,) = _survivors(job, 1)
     assert out["size"] == 1 and out["epoch"] == 2
     assert "Could not start 1 rank(s) to replace the lost ones" in job.output

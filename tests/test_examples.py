@@ -78,9 +78,10 @@ ELASTIC_EXAMPLE = os.path.join(ROOT, "examples", "elastic_digits.py")
 
 
 @pytest.mark.mpi
-def test_elastic_example_finishes_on_two_ranks_after_killing_the_third(mpirun):
-    job = mpirun(ELASTIC_EXAMPLE, n=3, args=["--epochs", 4, "--kill-rank", 2],
-                 fault_tolerant=True, check=False, timeout=240)
+def test_elastic_example_finishes_on_two_ranks_after_killing_the_third(mpi_job):
+    """Its own job: the example kills one of its ranks under Open MPI's fault tolerance."""
+    job = mpi_job(ELASTIC_EXAMPLE, n=3, args=["--epochs", 4, "--kill-rank", 2],
+                  fault_tolerant=True, check=False, timeout=240)
     assert "rank 2: killing myself" in job.output
     assert "carrying on with 2 rank(s) from epoch 1" in job.output
     found = re.findall(r"finished on 2 rank\(s\): loss [0-9.]+, accuracy ([0-9.]+)", job.output)
@@ -89,12 +90,13 @@ def test_elastic_example_finishes_on_two_ranks_after_killing_the_third(mpirun):
 
 
 @pytest.mark.mpi
-def test_elastic_example_replaces_a_killed_rank_and_finishes_on_three(mpirun):
-    job = mpirun(ELASTIC_EXAMPLE, n=3, args=["--epochs", 4, "--kill-rank", 1],
-                 fault_tolerant=True, check=False, timeout=240,
-                 env={"KDIST_ELASTIC_MAX_NP": "3"},
-                 # As in test_elastic.py: a retracing survivor must not be taken for dead.
-                 mpi_args=["--oversubscribe", "--mca", "mpi_ft_detector_timeout", "10"])
+def test_elastic_example_replaces_a_killed_rank_and_finishes_on_three(mpi_job):
+    """Its own job: the example kills a rank and the survivors spawn its replacement."""
+    job = mpi_job(ELASTIC_EXAMPLE, n=3, args=["--epochs", 4, "--kill-rank", 1],
+                  fault_tolerant=True, check=False, timeout=240,
+                  env={"KDIST_ELASTIC_MAX_NP": "3"},
+                  # As in test_elastic.py: a retracing survivor must not be taken for dead.
+                  mpi_args=["--oversubscribe", "--mca", "mpi_ft_detector_timeout", "10"])
     assert job.output.count("killing myself") == 1, job.output[-3000:]
     assert "rank 2 of 3: pid" in job.output and "(replacing a lost rank)" in job.output
     assert "carrying on with 3 rank(s) from epoch 1" in job.output

@@ -15,8 +15,9 @@ pytestmark = pytest.mark.mpi
 
 
 @pytest.mark.parametrize("hosts,n", [pytest.param(2, 4, marks=pytest.mark.slow), (3, 3)])
-def test_ranks_know_their_host_and_collectives_cross_hosts(mpirun, hosts, n):
-    job = mpirun("collectives.py", n=n, hosts=hosts)
+def test_ranks_know_their_host_and_collectives_cross_hosts(mpi_job, hosts, n):
+    """Its own job: its ranks run on emulated hosts, started through the remote-shell agent."""
+    job = mpi_job("collectives.py", n=n, hosts=hosts)
     per_host = n // hosts
     values = [np.array([r + 1.0, 10.0 * (r + 1)]) for r in range(n)]
     for r in range(n):
@@ -30,48 +31,54 @@ def test_ranks_know_their_host_and_collectives_cross_hosts(mpirun, hosts, n):
         assert np.allclose(got["np_sum"], np.sum(values, axis=0))
 
 
-def test_distributed_optimizer_across_hosts_matches_one_process(mpirun, python_run):
+def test_distributed_optimizer_across_hosts_matches_one_process(mpi_job, python_run):
+    """Its own job: its ranks run on emulated hosts, started through the remote-shell agent."""
     args = ["--optimizer", "adam", "--lr", 1e-3, "--global-batch", 16, "--steps", 10]
     single = python_run("train.py", args)
-    job = mpirun("train.py", n=2, args=args, hosts=2)
+    job = mpi_job("train.py", n=2, args=args, hosts=2)
     assert job.rank(0)["weights"] == job.rank(1)["weights"]
     np.testing.assert_allclose(job.rank(0)["weights"], single["weights"], atol=1e-4, rtol=0)
     assert job.rank(0)["iterations"] == single["iterations"] == 10
 
 
 @pytest.mark.slow
-def test_mpi_strategy_across_hosts_matches_one_process(mpirun, python_run):
+def test_mpi_strategy_across_hosts_matches_one_process(mpi_job, python_run):
+    """Its own job: its ranks run on emulated hosts, started through the remote-shell agent."""
     args = ["--optimizer", "adam", "--lr", 1e-3]
     single = python_run("strategy.py", args + ["--strategy", "mirrored"])
-    job = mpirun("strategy.py", n=2, args=args + ["--strategy", "mpi", "--seed-per-rank"],
-                 hosts=2)
+    job = mpi_job("strategy.py", n=2, args=args + ["--strategy", "mpi", "--seed-per-rank"],
+                  hosts=2)
     rank0, rank1 = job.rank(0), job.rank(1)
     assert rank0["weights"] == rank1["weights"] and rank0["replicas"] == 2
     np.testing.assert_allclose(rank0["weights"], single["weights"], atol=1e-4, rtol=0)
 
 
-def test_a_host_that_drops_off_the_network_ends_the_job_in_seconds(mpirun):
+def test_a_host_that_drops_off_the_network_ends_the_job_in_seconds(mpi_job):
     # Rank 1 pulls its host's cable mid-training. Open MPI's launcher, with the keepalive
     # settings kdist gives multi-host jobs, notices the lost daemon within about 30 s and
     # ends the job (its default would take 8 minutes); the fixture's timeout would fail
     # the test on a hang.
+    """Its own job: one emulated host's link is taken down and the job must end; how is the
+    subject.
+    """
     started = time.monotonic()
-    job = mpirun("unplug.py", n=2, hosts=2, check=False, timeout=150)
+    job = mpi_job("unplug.py", n=2, hosts=2, check=False, timeout=150)
     assert time.monotonic() - started < 120
     assert "lost communication with a remote daemon" in job.output
     assert "on node h1" in job.output
     assert not any(report.get("finished") for report in job.results.values())
 
 
-def test_a_parameter_server_shares_memory_on_its_host_and_sends_messages_across(mpirun,
+def test_a_parameter_server_shares_memory_on_its_host_and_sends_messages_across(mpi_job,
                                                                                 tmp_path):
     # Master and worker 1 on h0, workers 2 and 3 on h1: only worker 1's updates can sit
     # in memory the master shares; the others travel as messages. Every reply still
     # follows Downpour's rule, replayed from what the workers really sent.
+    """Its own job: its ranks run on emulated hosts, started through the remote-shell agent."""
     record = tmp_path / "record"
     record.mkdir()
-    job = mpirun("ps_train.py", n=4, args=["downpour", "--epochs", 2, "--record", record],
-                 hosts=2, timeout=300)
+    job = mpi_job("ps_train.py", n=4, args=["downpour", "--epochs", 2, "--record", record],
+                  hosts=2, timeout=300)
     master = job.rank(0)
     assert master["stats"]["shared_children"] == 1
     ps_reference.check(record, ps_reference.Rules("downpour"), stats=master["stats"],
@@ -79,9 +86,10 @@ def test_a_parameter_server_shares_memory_on_its_host_and_sends_messages_across(
 
 
 @pytest.mark.slow
-def test_pipeline_stages_on_two_hosts_train_like_one_process(mpirun, tmp_path):
-    job = mpirun("pipeline_train.py", n=2, args=[2, 1, "1f1b", "sgd", "0",
-                                                 tmp_path / "weights.h5"], hosts=2, timeout=300)
+def test_pipeline_stages_on_two_hosts_train_like_one_process(mpi_job, tmp_path):
+    """Its own job: its ranks run on emulated hosts, started through the remote-shell agent."""
+    job = mpi_job("pipeline_train.py", n=2, args=[2, 1, "1f1b", "sgd", "0",
+                                                  tmp_path / "weights.h5"], hosts=2, timeout=300)
     for rank in range(2):
         report = job.rank(rank)
         assert report["stage"] == rank and report["weight_error"] < 1e-5, report
@@ -89,26 +97,31 @@ def test_pipeline_stages_on_two_hosts_train_like_one_process(mpirun, tmp_path):
 
 
 @pytest.mark.slow
-def test_a_search_group_spanning_two_hosts_trains_each_trial_data_parallel(mpirun, tmp_path):
+def test_a_search_group_spanning_two_hosts_trains_each_trial_data_parallel(mpi_job, tmp_path):
     # Rank 0 (h0) runs the oracle; ranks 1-3, on both hosts, form one data-parallel group.
-    job = mpirun("tune_search.py", n=4, hosts=2, timeout=400,
-                 args=[tmp_path, "--generic", "--workers-per-fold", 3, "--oracle", "random",
-                       "--trials", 3])
+    """Its own job: its ranks run on emulated hosts, started through the remote-shell agent."""
+    job = mpi_job("tune_search.py", n=4, hosts=2, timeout=400,
+                  args=[tmp_path, "--generic", "--workers-per-fold", 3, "--oracle", "random",
+                        "--trials", 3])
     for rank in range(4):
         assert job.rank(rank)["statuses"] == {str(i): "COMPLETED" for i in range(3)}
 
 
-def test_an_elastic_job_carries_on_without_a_rank_of_the_other_host(mpirun):
-    job = mpirun("elastic_train.py", n=4, hosts=2, fault_tolerant=True, check=False,
-                 timeout=240, args=["--lose-rank", 3, "--how", "kill", "--at-batch", 10])
+def test_an_elastic_job_carries_on_without_a_rank_of_the_other_host(mpi_job):
+    """Its own job: a rank of the other emulated host is lost under fault tolerance; the
+    processes are the subject.
+    """
+    job = mpi_job("elastic_train.py", n=4, hosts=2, fault_tolerant=True, check=False,
+                  timeout=240, args=["--lose-rank", 3, "--how", "kill", "--at-batch", 10])
     survivors = [job.results[r] for r in sorted(job.results) if "size" in job.results[r]]
     assert len(survivors) == 3, job.output[-3000:]
     assert all(out["size"] == 3 and out["epoch"] == 2 for out in survivors)
     assert len({out["weights_sum"] for out in survivors}) == 1
 
 
-def test_readmes_main_job_runs_across_two_hosts(mpirun):
+def test_readmes_main_job_runs_across_two_hosts(mpi_job):
+    """Its own job: its ranks run on emulated hosts, started through the remote-shell agent."""
     quickstart = os.path.join(os.path.dirname(HERE), "examples", "quickstart.py")
-    job = mpirun(quickstart, n=2, hosts=2, args=["--epochs", 2], timeout=240)
+    job = mpi_job(quickstart, n=2, hosts=2, args=["--epochs", 2], timeout=240)
     assert "Training on 2 rank(s)" in job.output
     assert "ranks hold identical weights: True" in job.output, job.output[-3000:]

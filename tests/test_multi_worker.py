@@ -62,12 +62,13 @@ def test_tensorflow_multi_worker_tutorial_flow(tf_launch):
 
 @pytest.mark.mpi
 @pytest.mark.timeout(240)
-def test_workers_find_each_other_under_mpiexec(mpirun, two_kdist_workers):
+def test_workers_find_each_other_under_mpiexec(mpi_job, two_kdist_workers):
     # No TF_CONFIG: the strategy gathers the workers' addresses over MPI. Both
     # workers read the same data, so agreeing proves little; training as the
     # TF_CONFIG cluster does (itself checked against one process) proves they
     # reduce together.
-    job = mpirun("tf_train.py", n=2, args=["kdist"], timeout=150)
+    """Its own job: TensorFlow's collective ops are configured once per process, at its start."""
+    job = mpi_job("tf_train.py", n=2, args=["kdist"], timeout=150)
     worker0, worker1 = job.rank(0), job.rank(1)
     assert worker0["replicas"] == 2
     assert worker0["weights"] == worker1["weights"]

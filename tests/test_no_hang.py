@@ -6,11 +6,12 @@ pytestmark = pytest.mark.mpi
 
 
 @pytest.mark.parametrize("case", ["stop", "stop-graph"])
-def test_a_stopped_rank_ends_the_job_within_the_collective_timeout(mpirun, case):
+def test_a_stopped_rank_ends_the_job_within_the_collective_timeout(mpi_job, case):
     # A hang would outlive the fixture's timeout and fail there; how long ending takes is
     # measured by benchmarks/faults.py, not asserted here.
-    job = mpirun("stall.py", n=2, args=[case], check=False, timeout=150,
-                 env={"KDIST_COLLECTIVE_TIMEOUT": "6"})
+    """Its own job: a rank is stopped and the job must end; how it ends is the subject."""
+    job = mpi_job("stall.py", n=2, args=[case], check=False, timeout=150,
+                  env={"KDIST_COLLECTIVE_TIMEOUT": "6"})
     assert job.returncode != 0 and job.results == {}
     assert "[kdist rank 0] aborting the job" in job.output
     assert "KDIST_COLLECTIVE_TIMEOUT=6" in job.output
@@ -29,10 +30,11 @@ def test_a_long_wait_is_reported_with_the_missing_rank_and_the_job_goes_on(mpiru
     assert "rank 1 is running, not in a kdist collective" in job.output, job.output[-3000:]
 
 
-def test_ranks_waiting_in_different_collectives_end_the_job_as_a_deadlock(mpirun):
+def test_ranks_waiting_in_different_collectives_end_the_job_as_a_deadlock(mpi_job):
     # No KDIST_COLLECTIVE_TIMEOUT: the deadlock timeout is on by default (here shortened).
-    job = mpirun("stall.py", n=2, args=["deadlock"], check=False, timeout=120,
-                 env={"KDIST_DEADLOCK_TIMEOUT": "4"})
+    """Its own job: the watchdog ends a deadlocked job; how it ends is the subject."""
+    job = mpi_job("stall.py", n=2, args=["deadlock"], check=False, timeout=120,
+                  env={"KDIST_DEADLOCK_TIMEOUT": "4"})
     assert job.returncode != 0 and job.results == {}
     assert "a deadlock (KDIST_DEADLOCK_TIMEOUT=4)" in job.output, job.output[-3000:]
     # Either rank's watchdog may see the deadlock first; it names the other's wait.
@@ -41,10 +43,13 @@ def test_ranks_waiting_in_different_collectives_end_the_job_as_a_deadlock(mpirun
     assert any(wait in job.output for wait in waits), job.output[-3000:]
 
 
-def test_a_rank_whose_script_ends_makes_the_waiting_rank_fail_at_once(mpirun):
+def test_a_rank_whose_script_ends_makes_the_waiting_rank_fail_at_once(mpi_job):
     # Rank 1 ends its script; rank 0 then starts a collective. (The C++ engine's side:
     # test_agreement's rank that stops its fit alone.)
-    job = mpirun("stall.py", n=2, args=["leave"], check=False, timeout=120)
+    """Its own job: a rank's process ends while the other waits, and the job ends; how is the
+    subject.
+    """
+    job = mpi_job("stall.py", n=2, args=["leave"], check=False, timeout=120)
     assert job.returncode != 0
     error = job.rank(0)["error"]
     assert job.rank(0)["waited"] < 5, "the waiting rank fails at once"

@@ -1,16 +1,12 @@
 """Parameter-server training under real mpiexec: modes, sub-masters, resume, failures."""
 
-import json
 import os
 import re
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
 import ps_reference
-from conftest import HERE, WORKERS
 from kdist.ps import protocol
 
 pytestmark = pytest.mark.mpi
@@ -43,15 +39,9 @@ STEPS_PER_EPOCH = 32
 
 
 @pytest.fixture(scope="module")
-def sgd_accuracy(tmp_path_factory):
+def sgd_accuracy(python_run):
     """Validation accuracy of single-process SGD on the same task and epochs."""
-    reports = tmp_path_factory.mktemp("baseline")
-    env = dict(os.environ, KDIST_TEST_REPORTS=str(reports), TF_CPP_MIN_LOG_LEVEL="3",
-               PYTHONPATH=os.pathsep.join([HERE, os.environ.get("PYTHONPATH", "")]))
-    subprocess.run([sys.executable, os.path.join(WORKERS, SCRIPT), "downpour", "--baseline"],
-                   env=env, check=True, timeout=120, capture_output=True)
-    with open(reports / "rank-0.json") as f:
-        return json.load(f)["val_accuracy"]
+    return python_run(SCRIPT, ["downpour", "--baseline"], timeout=120)["val_accuracy"]
 
 
 def _final_weights(job, n):
@@ -202,12 +192,14 @@ def _same_run(first, second, ranks):
     assert first.results[0]["history"] == second.results[0]["history"]
 
 
-def test_two_servers_holding_half_the_centre_each_train_as_one_and_resume(mpirun, tmp_path):
+def test_two_servers_holding_half_the_centre_each_train_as_one_and_resume(mpirun, mpi_job,
+                                                                          tmp_path):
+    """The crash is a job of its own: kdist.comm.abort ends its processes mid-run."""
     # One worker makes the run deterministic; GEM's rule is element-wise, so
     # splitting the centre between two servers must change no value at all.
     one = mpirun(SCRIPT, n=2, args=["gem", "--epochs", 4], timeout=180)
     args = ["gem", "--epochs", 4, "--servers", 2, "--checkpoint", tmp_path / "ps"]
-    crashed = mpirun(SCRIPT, n=3, args=args + ["--stop-after", 3], timeout=180, check=False)
+    crashed = mpi_job(SCRIPT, n=3, args=args + ["--stop-after", 3], timeout=180, check=False)
     assert crashed.returncode != 0 and "stopping after epoch 3" in crashed.output
     with np.load(tmp_path / "ps" / "master.npz") as saved:
         # The checkpoint holds both shards' momenta of the one worker.
@@ -238,13 +230,14 @@ def test_two_servers_under_a_submaster_by_message_train_as_one(mpirun):
     assert loss[-1] < loss[0]
 
 
-def test_a_crashed_run_resumes_from_the_master_checkpoint(mpirun, tmp_path):
+def test_a_crashed_run_resumes_from_the_master_checkpoint(mpirun, mpi_job, tmp_path):
+    """The crash is a job of its own: kdist.comm.abort ends its processes mid-run."""
     directory = tmp_path / "ps"
     seen, first, second = (_record(tmp_path, name) for name in ("seen", "first", "second"))
     args = ["gem", "--checkpoint", directory]
-    crashed = mpirun(SCRIPT, n=4, args=args + ["--stop-after", 3, "--record", first,
-                                               "--epoch-weights", seen],
-                     timeout=240, check=False)
+    crashed = mpi_job(SCRIPT, n=4, args=args + ["--stop-after", 3, "--record", first,
+                                                "--epoch-weights", seen],
+                      timeout=240, check=False)
     assert crashed.returncode != 0
     assert "stopping after epoch 3 on purpose" in crashed.output
     assert (directory / "master.npz").exists()
@@ -281,17 +274,19 @@ def test_a_crashed_run_resumes_from_the_master_checkpoint(mpirun, tmp_path):
     assert master["history"]["val_accuracy"][-1] > 0.9
 
 
-def test_a_killed_worker_ends_the_job_quickly_naming_it(mpirun):
-    job = mpirun(SCRIPT, n=4, args=["downpour", "--die-on", 2], timeout=120, check=False)
+def test_a_killed_worker_ends_the_job_quickly_naming_it(mpi_job):
+    """Its own job: a worker's process dies and the job must end; how it ends is the subject."""
+    job = mpi_job(SCRIPT, n=4, args=["downpour", "--die-on", 2], timeout=120, check=False)
     assert job.returncode != 0
     assert ",2]" in job.output or "rank 2" in job.output, job.output[-3000:]
 
 
-def test_with_fault_tolerance_the_master_carries_on_without_a_dead_worker(mpirun):
+def test_with_fault_tolerance_the_master_carries_on_without_a_dead_worker(mpi_job):
     # Not recorded: the failure detector's 4 s heartbeat deadline leaves no
     # room for extra work on a loaded machine.
-    job = mpirun(SCRIPT, n=4, args=["downpour", "--die-on", 2, "--fault-tolerant"],
-                 timeout=180, check=False, fault_tolerant=True)
+    """Its own job: a worker dies under Open MPI's fault tolerance and the master carries on."""
+    job = mpi_job(SCRIPT, n=4, args=["downpour", "--die-on", 2, "--fault-tolerant"],
+                  timeout=180, check=False, fault_tolerant=True)
     assert "Rank(s) [2] died; carrying on" in job.output, job.output[-3000:]
     assert "carried on without rank(s) [2]" in job.output
     assert sorted(job.results) == [0, 1, 3]
@@ -308,8 +303,9 @@ def test_with_fault_tolerance_the_master_carries_on_without_a_dead_worker(mpirun
     assert master["val_accuracy"] > 0.9
 
 
-def test_a_raising_worker_ends_the_job_with_its_error(mpirun):
-    job = mpirun(SCRIPT, n=4, args=["downpour", "--raise-on", 1], timeout=120, check=False)
+def test_a_raising_worker_ends_the_job_with_its_error(mpi_job):
+    """Its own job: one worker raises and kdist ends the job; how it ends is the subject."""
+    job = mpi_job(SCRIPT, n=4, args=["downpour", "--raise-on", 1], timeout=120, check=False)
     assert job.returncode != 0
     assert "worker failed on purpose" in job.output
     assert "rank 1" in job.output

@@ -35,21 +35,25 @@ def check(job, ranks):
             {nbytes for name, nbytes in phases if name == "allreduce"})
 
 
-def test_across_hosts_large_payloads_take_the_ring_small_ones_mpi(mpirun, tmp_path):
+def test_across_hosts_large_payloads_take_the_ring_small_ones_mpi(mpi_job, tmp_path):
     # Three ranks on three hosts, parts of uneven length.
-    job = mpirun("ring.py", n=3, hosts=3, env=ENV,
-                 args=[tmp_path / "timeline.json", ",".join(map(str, SIZES))])
+    """Its own job: its ranks run on three emulated hosts."""
+    job = mpi_job("ring.py", n=3, hosts=3, env=ENV,
+                  args=[tmp_path / "timeline.json", ",".join(map(str, SIZES))])
     ring, plain = check(job, 3)
     assert ring and min(ring) >= 4096
     assert plain and max(plain) < 4096
 
 
 @pytest.mark.parametrize("mode", ["auto", "1"])
-def test_on_one_host_the_ring_is_taken_only_when_asked(mpirun, tmp_path, mode):
+def test_on_one_host_the_ring_is_taken_only_when_asked(mpi_job, tmp_path, mode):
     # Over shared memory MPI_Allreduce costs next to nothing and nothing is hidden by
     # waiting, so "auto" keeps it; KDIST_RING=1 forces the ring, with the same results.
-    job = mpirun("ring.py", n=3, env={**ENV, "KDIST_RING": mode},
-                 args=[tmp_path / "timeline.json", ",".join(map(str, SIZES))])
+    """Its own job: KDIST_RING and KDIST_RING_BYTES are read once per process, by the C++
+    engine.
+    """
+    job = mpi_job("ring.py", n=3, env={**ENV, "KDIST_RING": mode},
+                  args=[tmp_path / "timeline.json", ",".join(map(str, SIZES))])
     ring, plain = check(job, 3)
     if mode == "auto":
         assert not ring and max(plain) >= 4096

@@ -1,24 +1,21 @@
 """Failures end the job with a clear message; uneven data, overflow and restarts are safe."""
 
-import json
 import os
-import subprocess
-import sys
-import time
 
 import numpy as np
 import pytest
-
-from conftest import HERE, WORKERS
 
 pytestmark = pytest.mark.mpi
 
 
 @pytest.mark.parametrize("case", ["raise", "kill"])
-def test_a_failing_rank_ends_every_rank_quickly_and_says_which(mpirun, case):
+def test_a_failing_rank_ends_every_rank_quickly_and_says_which(mpi_job, case):
     # Ending at all is the fixture's check (a hang fails at its timeout); how fast is
     # benchmarks/faults.py's measurement.
-    job = mpirun("robust.py", n=2, args=[case], check=False, timeout=120)
+    """Its own job: a rank raises or is killed and the job must end; how it ends is the
+    subject.
+    """
+    job = mpi_job("robust.py", n=2, args=[case], check=False, timeout=120)
     assert job.returncode != 0
     assert job.results == {}, "no rank may report success"
     if case == "raise":
@@ -28,25 +25,18 @@ def test_a_failing_rank_ends_every_rank_quickly_and_says_which(mpirun, case):
         assert "signal 9" in job.output or "Killed" in job.output, job.output[-2000:]
 
 
-def test_different_models_are_reported_by_variable_name(mpirun):
-    job = mpirun("robust.py", n=2, args=["mismatch"], check=False, timeout=120)
+def test_different_models_are_reported_by_variable_name(mpi_job):
+    """Its own job: the mismatch ends the job (kdist aborts it); how it ends is the subject."""
+    job = mpi_job("robust.py", n=2, args=["mismatch"], check=False, timeout=120)
     assert job.returncode != 0
     assert "every rank must build the same model" in job.output
     assert "kernel" in job.output and "(12, 32)" in job.output and "(12, 33)" in job.output
 
 
 @pytest.fixture(scope="module")
-def uneven_reference(tmp_path_factory):
+def uneven_reference(python_run):
     """One process trained as two ranks with uneven data must train together."""
-    reports = tmp_path_factory.mktemp("uneven_reference")
-    env = {name: value for name, value in os.environ.items()
-           if not name.startswith(("OMPI_", "PMIX_", "PMI_"))}
-    env.update(KDIST_TEST_REPORTS=str(reports), TF_CPP_MIN_LOG_LEVEL="3",
-               PYTHONPATH=os.pathsep.join([HERE, env.get("PYTHONPATH", "")]))
-    subprocess.run([sys.executable, os.path.join(WORKERS, "robust.py"), "reference"],
-                   env=env, check=True, timeout=120, capture_output=True)
-    with open(reports / "rank-0.json") as f:
-        return json.load(f)
+    return python_run("robust.py", ["reference"], timeout=120)
 
 
 @pytest.mark.parametrize("case,native", [("uneven", "1"), ("uneven", "0"),
@@ -82,7 +72,7 @@ def test_uneven_batches_average_over_the_ranks_that_still_train(mpirun, uneven_r
 
 
 def test_with_uneven_batches_every_epoch_end_callback_sees_the_synced_model(mpirun,
-                                                                             uneven_reference):
+                                                                            uneven_reference):
     # With kdist's agreement (the default) the join and the copy from the last rank to
     # join happen before any callback of the list, so a ModelCheckpoint on rank 0 saves
     # the model every rank goes on from, not rank 0's, which missed rank 1's last steps.
@@ -200,8 +190,9 @@ print(f"rank {rank} done", flush=True)
 """
 
 
-def test_survivors_of_a_fault_tolerant_job_all_finish_and_the_job_ends(mpirun):
-    job = mpirun(SURVIVORS_AT_EXIT, n=3, check=False, timeout=120, fault_tolerant=True)
+def test_survivors_of_a_fault_tolerant_job_all_finish_and_the_job_ends(mpi_job):
+    """Its own job: a rank exits under fault tolerance and the survivors' exit is the subject."""
+    job = mpi_job(SURVIVORS_AT_EXIT, n=3, check=False, timeout=120, fault_tolerant=True)
     assert sorted(job.results) == [0, 1], job.output[-3000:]
     assert "rank 0 done" in job.output and "rank 1 done" in job.output
     # They left without MPI_Finalize, which can hang in Open MPI's failure detector.
@@ -230,8 +221,9 @@ report({"finished": True})
 """
 
 
-def test_an_exception_in_a_kdist_thread_ends_the_job_and_says_where(mpirun):
-    job = mpirun(THREAD_FAILS, n=2, check=False, timeout=120)
+def test_an_exception_in_a_kdist_thread_ends_the_job_and_says_where(mpi_job):
+    """Its own job: a failing kdist thread aborts the job; how it ends is the subject."""
+    job = mpi_job(THREAD_FAILS, n=2, check=False, timeout=120)
     assert job.returncode != 0 and job.results == {}
     assert ("[kdist rank 1] aborting the job: uncaught RuntimeError in kdist's thread "
             "kdist-on-purpose on rank 1: thread failure on purpose") in job.output, \

@@ -58,9 +58,10 @@ def test_a_trial_that_fails_on_one_rank_is_recorded_and_the_search_goes_on(mpiru
 
 
 @pytest.mark.slow
-def test_a_killed_search_resumes_with_its_finished_trials_kept(mpirun, tmp_path):
-    first = mpirun("tune_search.py", n=3, timeout=400, check=False,
-                   args=[tmp_path, "--trials", 6, "--die-after", 2, "--folds", 2])
+def test_a_killed_search_resumes_with_its_finished_trials_kept(mpi_job, mpirun, tmp_path):
+    """The killed search is a job of its own: its processes die mid-search."""
+    first = mpi_job("tune_search.py", n=3, timeout=400, check=False,
+                    args=[tmp_path, "--trials", 6, "--die-after", 2, "--folds", 2])
     assert first.returncode != 0
     finished = {tid: state for tid, state in _trials(str(tmp_path)).items()
                 if state["status"] == "COMPLETED"}
@@ -101,11 +102,14 @@ def test_bohb_promotes_across_groups_within_its_budget(mpirun, tmp_path):
     assert job.rank(1)["built"] > 1 and job.rank(2)["built"] > 1
 
 
-def test_a_group_killed_mid_trial_loses_nothing_and_the_others_finish_the_search(mpirun,
+def test_a_group_killed_mid_trial_loses_nothing_and_the_others_finish_the_search(mpi_job,
                                                                                  tmp_path):
-    job = mpirun("tune_search.py", n=3, timeout=400, fault_tolerant=True, check=False,
-                 args=[tmp_path, "--trials", 6, "--kill-group", 1, "--lost-after", 5,
-                       "--folds", 2])
+    """Its own job: a group's rank is killed under Open MPI's fault tolerance and the search
+    goes on.
+    """
+    job = mpi_job("tune_search.py", n=3, timeout=400, fault_tolerant=True, check=False,
+                  args=[tmp_path, "--trials", 6, "--kill-group", 1, "--lost-after", 5,
+                        "--folds", 2])
     assert job.returncode == 0, job.output[-3000:]
     assert sorted(job.results) == [0, 1]  # rank 2, group 1's only rank, was killed
     for rank in (0, 1):
@@ -120,10 +124,13 @@ def test_a_group_killed_mid_trial_loses_nothing_and_the_others_finish_the_search
 
 
 @pytest.mark.slow
-def test_a_group_whose_follower_dies_leaves_and_its_trial_goes_to_another(mpirun, tmp_path):
-    job = mpirun("tune_search.py", n=5, timeout=400, fault_tolerant=True, check=False,
-                 args=[tmp_path, "--trials", 6, "--folds-per-group", 2, "--kill-group", 1,
-                       "--kill-follower", "--lost-after", 5])
+def test_a_group_whose_follower_dies_leaves_and_its_trial_goes_to_another(mpi_job, tmp_path):
+    """Its own job: a follower is killed under Open MPI's fault tolerance and the search goes
+    on.
+    """
+    job = mpi_job("tune_search.py", n=5, timeout=400, fault_tolerant=True, check=False,
+                  args=[tmp_path, "--trials", 6, "--folds-per-group", 2, "--kill-group", 1,
+                        "--kill-follower", "--lost-after", 5])
     assert job.returncode == 0, job.output[-3000:]
     assert sorted(job.results) == [0, 1, 2, 3]  # rank 4, group 1's follower, was killed
     for rank in range(4):
@@ -227,9 +234,12 @@ def test_population_based_training_on_groups_of_two_ranks_trains_each_round_data
     assert job.rank(1)["best"] == job.rank(2)["best"] == job.rank(0)["best"]
 
 
-def test_a_group_lost_mid_round_hands_its_round_to_another_and_no_member_is_lost(mpirun,
+def test_a_group_lost_mid_round_hands_its_round_to_another_and_no_member_is_lost(mpi_job,
                                                                                  tmp_path):
-    job = mpirun("tune_pbt.py", n=3, timeout=400, fault_tolerant=True, check=False, args=[
+    """Its own job: a group's rank is killed under Open MPI's fault tolerance and the
+    population goes on.
+    """
+    job = mpi_job("tune_pbt.py", n=3, timeout=400, fault_tolerant=True, check=False, args=[
         tmp_path, "--population", 3, "--max-epochs", 2, "--kill-group", 1,
         "--lost-after", 5])
     assert job.returncode == 0, job.output[-3000:]
