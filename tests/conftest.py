@@ -72,9 +72,24 @@ def _count_processes(event, args):
 sys.addaudithook(_count_processes)
 
 
+# The slow tests of this run and the seconds they took (setup, call and teardown).
+_SLOW = {"ids": set(), "seconds": 0.0, "ran": set()}
+
+
+def pytest_runtest_logreport(report):
+    if report.nodeid in _SLOW["ids"] and not report.skipped:
+        _SLOW["seconds"] += report.duration
+        _SLOW["ran"].add(report.nodeid)
+
+
 def pytest_terminal_summary(terminalreporter):
     """The suite's own cost: processes started, ranks, and the seconds spent starting
-    shared worlds, so that a change that adds jobs shows here."""
+    shared worlds, so that a change that adds jobs shows here; and the slow tests' own
+    time when they ran (--slow)."""
+    if _SLOW["ran"]:
+        terminalreporter.section("slow tests")
+        terminalreporter.write_line(f"{len(_SLOW['ran'])} slow tests ran in "
+                                    f"{_SLOW['seconds']:.0f} s")
     worlds = _COST["worlds"]
     started = worlds.started if worlds is not None else []
     launched = [s for s in started if s[1]]
@@ -132,6 +147,7 @@ def pytest_collection_modifyitems(config, items):
     """Refuses to run a selection that holds multi-process tests when MPI is missing:
     skipping them would leave a green run that tested none of the distributed behaviour.
     `KDIST_TEST_WITHOUT_MPI=1` skips them knowingly instead."""
+    _SLOW["ids"] = {item.nodeid for item in items if item.get_closest_marker("slow")}
     if not config.getoption(SLOW_OPTION):
         # Skipped, not deselected, so that the summary counts what the run left out.
         left_out = pytest.mark.skip(reason=f"slow: runs with {SLOW_OPTION}")
