@@ -48,6 +48,8 @@ def _read_reports(report_dir):
 
 # What the suite spends on processes, printed at its end (pytest_terminal_summary).
 _COST = {"worlds": None, "jobs": 0, "ranks": 0, "python": 0, "other": 0, "job_seconds": 0.0}
+# The same, per test file: seconds of its tests, and the processes its tests started.
+_BY_FILE = {}
 _LAUNCHERS = ("mpiexec", "mpirun", "srun", "orterun", "prterun")
 
 
@@ -57,16 +59,29 @@ def _count_processes(event, args):
         return
     argv = [str(a) for a in (args[1] if isinstance(args[1], (list, tuple)) else [args[1]])]
     program = os.path.basename(argv[0]) if argv else ""
+    own = _file_cost(_CURRENT["file"])
     if program in _LAUNCHERS and "-n" in argv:
-        _COST["jobs"] += 1
+        kind = "jobs"
         try:
-            _COST["ranks"] += int(argv[argv.index("-n") + 1])
+            ranks = int(argv[argv.index("-n") + 1])
         except (IndexError, ValueError):
-            pass
+            ranks = 0
+        _COST["ranks"] += ranks
+        own["ranks"] += ranks
     elif program.startswith("python") or (argv and argv[0] == sys.executable):
-        _COST["python"] += 1
+        kind = "python"
     else:
-        _COST["other"] += 1
+        kind = "other"
+    _COST[kind] += 1
+    own[kind] += 1
+
+
+def _file_cost(path):
+    name = os.path.relpath(path, os.path.dirname(HERE)) if path else "(collection)"
+    if name not in _BY_FILE:
+        _BY_FILE[name] = {"seconds": 0.0, "tests": 0, "jobs": 0, "ranks": 0, "python": 0,
+                          "other": 0}
+    return _BY_FILE[name]
 
 
 sys.addaudithook(_count_processes)
@@ -77,6 +92,9 @@ _SLOW = {"ids": set(), "seconds": 0.0, "ran": set()}
 
 
 def pytest_runtest_logreport(report):
+    own = _file_cost(os.path.join(os.path.dirname(HERE), report.nodeid.split("::")[0]))
+    own["seconds"] += report.duration
+    own["tests"] += report.when == "call"
     if report.nodeid in _SLOW["ids"] and not report.skipped:
         _SLOW["seconds"] += report.duration
         _SLOW["ran"].add(report.nodeid)
@@ -107,6 +125,22 @@ def pytest_terminal_summary(terminalreporter):
     write(f"processes started in all: {world_ranks + ranks + python + len(started) - len(launched)}"
           f" Python ranks and processes, each of which imports TensorFlow before its first "
           f"test line (about {_import_seconds(started):.1f} s of CPU, as the worlds measured)")
+    costly = sorted(_BY_FILE.items(), key=lambda item: -item[1]["seconds"])[:COSTLY_FILES]
+    write(f"the {len(costly)} costliest files (seconds; launcher jobs and their ranks, "
+          "shared worlds included where a file started one):")
+    for name, own in costly:
+        write(f"  {own['seconds']:7.0f} s  {own['jobs']:3d} jobs {own['ranks']:4d} ranks  "
+              f"{own['python']:3d} python  {name}")
+    path = terminalreporter.config.getoption(COST_OPTION)
+    if path:
+        with open(path, "w") as f:
+            json.dump({"files": _BY_FILE, "total": {k: v for k, v in _COST.items()
+                                                    if k != "worlds"}}, f, indent=1)
+        write(f"per-file cost written to {path}")
+
+
+COSTLY_FILES = 8
+COST_OPTION = "--suite-cost"
 
 
 def _import_seconds(started):
@@ -128,6 +162,10 @@ SLOW_OPTION = "--slow"
 
 
 def pytest_addoption(parser):
+    parser.addoption(
+        COST_OPTION, metavar="PATH",
+        help="write every test file's seconds and the processes its tests started to PATH "
+             "(JSON), beside the summary's costliest files")
     parser.addoption(
         SLOW_OPTION, action="store_true",
         help="also run the tests marked slow: whole benchmark scripts and the longer fault "
