@@ -122,9 +122,11 @@ def pytest_terminal_summary(terminalreporter):
           f"{worlds.jobs if worlds else 0} scripts run on them")
     write(f"jobs of their own: {jobs} mpiexec or srun jobs with {ranks} ranks in all; "
           f"{python} other Python processes; {_COST['other']} other commands")
+    cpu = _import_seconds(started)
     write(f"processes started in all: {world_ranks + ranks + python + len(started) - len(launched)}"
           f" Python ranks and processes, each of which imports TensorFlow before its first "
-          f"test line (about {_import_seconds(started):.1f} s of CPU, as the worlds measured)")
+          f"test line" + (f" (about {cpu:.1f} s of CPU, as the worlds measured)"
+                          if cpu == cpu else ""))
     costly = sorted(_BY_FILE.items(), key=lambda item: -item[1]["seconds"])[:COSTLY_FILES]
     write(f"the {len(costly)} costliest files (seconds; launcher jobs and their ranks, "
           "shared worlds included where a file started one):")

@@ -272,6 +272,26 @@ class World:
 FAILURE_GRACE_SECONDS = 20.0
 
 
+def is_scripts_own(path, folders, tests, keep=()):
+    """Whether a module loaded from `path` is a script's own, to be forgotten after it:
+    it lies in the tests' folder or one of the script's `folders`, and neither in an
+    installed library nor in a package folder of `keep` (kdist's), wherever the checkout
+    and its environment live (a clone under /tmp keeps its virtual environment there)."""
+    if not path:
+        return False
+    path = os.path.realpath(path)
+    parts = path.split(os.sep)
+    if "site-packages" in parts or "dist-packages" in parts:
+        return False
+    if any(_inside(path, package) for package in keep):
+        return False
+    return any(_inside(path, folder) for folder in [tests, *folders] if folder)
+
+
+def _inside(path, folder):
+    return path.startswith(os.path.realpath(folder).rstrip(os.sep) + os.sep)
+
+
 def _read(path):
     with open(path) as f:
         return json.load(f)

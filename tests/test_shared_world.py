@@ -15,6 +15,7 @@ LEAVES_STATE = """
 import logging, os, random, signal, sys
 import keras, numpy as np, tensorflow as tf
 import kdist
+import kdist.ps.server
 from workers.common import report
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -37,13 +38,15 @@ signal.signal(signal.SIGTERM, lambda *a: None)
 sys.path.append("/left/behind")
 os.chdir(os.path.dirname(os.path.abspath(__file__)))
 report({"pid": os.getpid(), "draws": draws, "layer": layer.name, "set": pair.process_set_id,
-        "handlers": len(logging.getLogger().handlers) - 1})
+        "handlers": len(logging.getLogger().handlers) - 1,
+        "libraries": [id(sys.modules[m]) for m in ("kdist", "kdist.ps.server", "keras")]})
 """
 
 FINDS_IT_FRESH = """
 import logging, os, random, signal, sys
 import keras, numpy as np, tensorflow as tf
 import kdist
+import kdist.ps.server
 from kdist.comm import process_sets
 from workers.common import report
 
@@ -67,6 +70,7 @@ report({
     "path_left": "/left/behind" in sys.path,
     "module_left": "leaky_helper" in sys.modules,
     "cwd": os.getcwd(),
+    "libraries": [id(sys.modules[m]) for m in ("kdist", "kdist.ps.server", "keras")],
 })
 """
 
@@ -91,8 +95,31 @@ def test_what_a_script_leaves_behind_does_not_reach_the_next(mpirun, tmp_path):
         assert after["handlers"] == before["handlers"]
         assert after["sigterm_default"] and not after["path_left"] and not after["module_left"]
         assert after["cwd"] == os.getcwd()
+        # Libraries stay loaded: only the script's own modules are forgotten.
+        assert after["libraries"] == before["libraries"]
     # As in two new processes, the ranks' unseeded generators differ.
     assert fresh.rank(0)["draws"] != fresh.rank(1)["draws"]
+
+
+def test_only_the_scripts_own_modules_are_forgotten_wherever_the_checkout_lives(tmp_path):
+    clone = tmp_path / "clone"  # a checkout under /tmp, its environment inside it
+    tests, package = clone / "tests", clone / "kdist"
+    venv = clone / ".venv" / "lib" / "python3.11" / "site-packages"
+    scripts = tmp_path / "pytest-0" / "test_x0"
+    for folder in (tests / "workers", package / "ps", venv / "keras", scripts):
+        folder.mkdir(parents=True)
+
+    def own(path, folders=()):
+        path.touch()
+        return shared_world.is_scripts_own(str(path), [str(f) for f in folders], str(tests),
+                                           keep=[str(package)])
+
+    assert own(tests / "workers" / "common.py", [tests / "workers"])
+    assert own(scripts / "helper.py", [scripts])
+    assert not own(package / "ps" / "server.py", [clone])  # kdist, even below a script
+    assert not own(venv / "keras" / "__init__.py", [clone])  # an installed library
+    assert not own(tmp_path / "elsewhere.py", [scripts])
+    assert not shared_world.is_scripts_own(None, [str(scripts)], str(tests))
 
 
 ONE_RANK_FAILS = """

@@ -35,6 +35,8 @@ import threading
 import time
 import traceback
 
+import shared_world
+
 CONTROL = sys.argv[1]
 HERE = os.path.dirname(os.path.abspath(__file__))
 # The signal on which every thread's Python stack is written to the job's output.
@@ -50,6 +52,8 @@ def _rank_and_size():
 
 
 RANK, SIZE = _rank_and_size()
+# Package folders whose modules stay loaded whatever folder the checkout is in.
+KEEP = []
 
 
 def _write_json(path, obj):
@@ -128,6 +132,7 @@ class _Snapshot:
                            "jit": tf.config.optimizer.get_jit(),
                            "determinism": _op_determinism().is_op_determinism_enabled()}
         self.excepthooks = (sys.excepthook, threading.excepthook)
+        self.script_folders = []
 
 
 def _restore(snapshot):
@@ -187,7 +192,8 @@ def _restore_process(snapshot):
 
 def _restore_modules(snapshot):
     for name in set(sys.modules) - snapshot.modules:
-        if _is_the_scripts_own(sys.modules.get(name)):
+        path = getattr(sys.modules.get(name), "__file__", None)
+        if shared_world.is_scripts_own(path, snapshot.script_folders, HERE, keep=KEEP):
             del sys.modules[name]
 
 
@@ -205,12 +211,6 @@ def _reseed(snapshot):
 def _threads_left(snapshot):
     return sorted(t.name for t in threading.enumerate()
                   if t.ident not in snapshot.threads and t.is_alive() and not t.daemon)
-
-
-def _is_the_scripts_own(module):
-    """Modules a script imported from the tests' or a temporary folder, not libraries."""
-    path = getattr(module, "__file__", None) or ""
-    return path.startswith(HERE) or path.startswith(("/tmp/", os.environ.get("TMPDIR", "/tmp/")))
 
 
 def _end_kdist(snapshot):
@@ -287,6 +287,9 @@ def _serve():
             os.chdir(job["cwd"])
             result = _run_script(job)
             _write_json(_path("result", index), result)
+            # Where the script's own modules come from: its folder and what it put on the path.
+            snapshot.script_folders = [os.path.dirname(os.path.abspath(job["script"]))] + [
+                p for p in sys.path if p not in snapshot.path and isinstance(p, str)]
             failed = _restore(snapshot)
         _write_json(_path("done", index), {"untidy": failed, "threads": _threads_left(snapshot),
                                            "rss_mb": _rss_mb()})
@@ -302,7 +305,9 @@ def main():
     import keras  # noqa: F401
     import tensorflow  # noqa: F401
 
-    import kdist  # noqa: F401
+    import kdist
+
+    KEEP.append(os.path.dirname(os.path.abspath(kdist.__file__)))
 
     # What the imports made lives as long as the process; the collector need not walk it.
     gc.collect()
