@@ -156,3 +156,27 @@ def distributed_datasets_from_function(dataset_fn, input_workers, input_contexts
 
     return input_util.get_distributed_datasets_from_function(
         dataset_fn, input_workers, input_contexts, strategy, options=options)
+
+
+def distributed_dataset_without_prefetch_thread(dataset, input_workers, strategy):
+    """TensorFlow's distributed dataset over `dataset` for one device per process, whose
+    iterators read `dataset` directly instead of through a multi-device iterator.
+
+    TensorFlow's default input options give even a single device a `MultiDeviceIterator`,
+    whose background thread prefetches batches; destroying such an iterator (Python's
+    garbage collector does it at any moment, say between `fit` and `evaluate`) while that
+    thread is inside `GetNext` crashes the process with SIGSEGV in TensorFlow's own code.
+    `InputReplicationMode.PER_REPLICA` without fetching to the device is TensorFlow's
+    own path without that thread; the elements and their structure are the same.
+
+    Relies on `tensorflow.python.distribute.input_util.get_distributed_dataset`, whose
+    public entry (`Strategy.experimental_distribute_dataset`) refuses this mode for one
+    device.
+    """
+    from tensorflow.python.distribute import input_util
+
+    options = tf.distribute.InputOptions(
+        experimental_replication_mode=tf.distribute.InputReplicationMode.PER_REPLICA,
+        experimental_fetch_to_device=False)
+    return input_util.get_distributed_dataset(dataset, input_workers, strategy,
+                                              options=options)

@@ -256,7 +256,12 @@ class _MPIExtended(_tf_private.one_device_extended()):
     def _experimental_distribute_dataset(self, dataset, options):
         if self.comm.size > 1:
             dataset = slice_batches(dataset, self.comm.rank, self.comm.size)
-        return super()._experimental_distribute_dataset(dataset, options)
+        if options is not None:
+            return super()._experimental_distribute_dataset(dataset, options)
+        # Without TensorFlow's prefetching thread, whose iterator can crash the process
+        # when it is destroyed mid-prefetch (see _tf_private); one device needs none.
+        return _tf_private.distributed_dataset_without_prefetch_thread(
+            dataset, self._input_workers_with_options(None), self._container_strategy())
 
     def _distribute_datasets_from_function(self, dataset_fn, options):
         context = tf.distribute.InputContext(
