@@ -146,12 +146,17 @@ def engine_cases(args, directory, include):
                 row["build_seconds"] = round(built, 1)
                 row["runtime_linked"] = runtime_linked(binary, sanitizer)
                 row["launch"] = launch_index
-                if args.keep:
-                    path = os.path.join(args.keep, f"engine-{sanitizer}-{ranks}-{launch_index}.log")
-                    with open(path, "w") as f:
-                        f.write(output)
-                    row["log"] = path
+                keep_log(args.keep, f"engine-{sanitizer}-{ranks}-{launch_index}.log", output, row)
                 yield row
+
+
+def keep_log(directory, name, output, row):
+    """Writes a launch's output into `directory` (when given) and names it in `row`."""
+    if directory:
+        path = os.path.join(directory, name)
+        with open(path, "w") as f:
+            f.write(output)
+        row["log"] = path
 
 
 def runtime_linked(binary, sanitizer):
@@ -204,11 +209,7 @@ def tensorflow_cases(args, directory):
                 n.endswith(".so") for n in os.listdir(os.path.join(cache, "ops")))
             row["tail"] = "\n".join(output.strip().splitlines()[-6:]) if code else ""
             row["launch"] = launch_index
-            if args.keep:
-                path = os.path.join(args.keep, f"tensorflow-{sanitizer}-{launch_index}.log")
-                with open(path, "w") as f:
-                    f.write(output)
-                row["log"] = path
+            keep_log(args.keep, f"tensorflow-{sanitizer}-{launch_index}.log", output, row)
             yield row
 
 

@@ -1,6 +1,6 @@
 """What a rank spends before its first line of work, and what kdist adds to it.
 
-    python benchmarks/startup.py [--repeats 5] [--ranks 2]
+    python benchmarks/startup.py [--repeats 5] [--ranks 2] [--cases python,keras,...]
 
 Cases, each run `--repeats` times in turn (alternating, so that a change of load hits
 all of them alike), from the moment the launching process starts the command:
@@ -113,10 +113,16 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--cases", default=",".join(CASES),
+                        type=lambda s: [x for x in s.split(",") if x],
+                        help="which cases to run (keras, the baseline, always runs)")
     args = parser.parse_args()
-    measured = {name: [] for name in CASES}
+    unknown = set(args.cases) - set(CASES)
+    if unknown:
+        parser.error(f"unknown case(s) {sorted(unknown)}; choose from {', '.join(CASES)}")
+    measured = {name: [] for name in CASES if name in args.cases or name == "keras"}
     for _ in range(args.repeats):
-        for name in CASES:
+        for name in measured:
             measured[name].append(run_case(name, args.ranks))
     keras_wall = statistics.median(w for w, _ in measured["keras"])
     keras_cpu = statistics.median(c for _, c in measured["keras"])

@@ -537,3 +537,61 @@ def test_strided_conv_benchmark_times_two_equal_convolutions():
         # The two ways compute the same function; the speedup is their time ratio.
         assert layer["max_output_difference"] < 1e-4
         assert layer["speedup"] == pytest.approx(layer["strided_s"] / layer["subsampled_s"])
+
+
+def test_startup_benchmark_compares_with_keras_and_names_what_keras_imports_unused():
+    done = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "startup.py"),
+                           "--repeats", "1", "--cases", "python"], capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    cases = {row["case"]: row for row in rows if "case" in row}
+    assert set(cases) == {"python", "keras"}
+    assert cases["keras"]["wall_vs_keras"] == 1.0
+    assert cases["python"]["wall_s"] < cases["keras"]["wall_s"]
+    breakdown = rows[-1]
+    assert breakdown["kdist_own_s"] > 0 and "tensorflow" in breakdown["by_package"]
+    # Keras's own start-up imports scikit-learn and pyplot: the benchmark names both.
+    assert {"keras.src.wrappers", "matplotlib.pyplot"} <= set(
+        breakdown["unused_by_a_rank_cumulative_s"])
+
+
+CRASHES_ON_RANK_1 = """
+import ctypes, os
+if os.environ.get("OMPI_COMM_WORLD_RANK") == "1":
+    ctypes.string_at(0)
+"""
+
+
+@pytest.mark.parametrize("crash", [False, True])
+def test_stress_benchmark_counts_how_each_launch_ended(mpiexec_path, tmp_path, crash):
+    script = tmp_path / "job.py"
+    script.write_text(CRASHES_ON_RANK_1 if crash else "print('fine')\n")
+    done = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "stress.py"),
+                           "--ranks", "2", "--launches", "2", "--load", "1", "--timeout", "120",
+                           "--keep", str(tmp_path / "logs"), "--", str(script)],
+                          capture_output=True, text=True, timeout=300)
+    rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    summary = rows[-1]
+    assert summary["launches"] == 2 and summary["load"] == 1
+    if crash:
+        assert done.returncode == 1
+        assert summary["crashed"] == 2 and summary["ok"] == 0
+        assert all(row["signal"] == 11 for row in rows[:-1])
+        assert len(summary["logs"]) == 2 and all(os.path.exists(p) for p in summary["logs"])
+    else:
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        assert summary["ok"] == 2 and summary["crashed"] == summary["failed"] == 0
+
+
+@pytest.mark.slow
+def test_sanitizers_benchmark_runs_the_engine_test_clean(mpiexec_path):
+    done = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "sanitizers.py"),
+                           "--sanitizers", "address", "--ranks", "2", "--rounds", "1"],
+                          capture_output=True, text=True, timeout=1800)
+    rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    # The plain build, then AddressSanitizer's, each on 2 ranks.
+    assert rows and rows[-1] == {"summary": True, "cases": 2, "clean": True}, (
+        done.stdout[-3000:] + done.stderr[-3000:])
+    assert [row["sanitizer"] for row in rows[:-1]] == ["none", "address"]
+    assert rows[1]["runtime_linked"] is True and rows[1]["ok_ranks"] == 2
