@@ -205,7 +205,10 @@ def _reseed(snapshot):
     tf.random.set_seed(None)
     random.seed()
     np.random.seed()
+    # What is still alive now (TensorFlow's and Keras's caches) need not be walked by
+    # every later gc.collect(): Keras's clear_session and keras-tuner's trials call it.
     gc.collect()
+    gc.freeze()
 
 
 def _threads_left(snapshot):
