@@ -80,7 +80,7 @@ def _file_cost(path):
     name = os.path.relpath(path, os.path.dirname(HERE)) if path else "(collection)"
     if name not in _BY_FILE:
         _BY_FILE[name] = {"seconds": 0.0, "tests": 0, "jobs": 0, "ranks": 0, "python": 0,
-                          "other": 0}
+                          "other": 0, "scripts": 0}
     return _BY_FILE[name]
 
 
@@ -132,11 +132,11 @@ def pytest_terminal_summary(terminalreporter):
     write(f"this test process: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} "
           f"MB at its peak, {gc.get_freeze_count()} objects kept out of the collector's sight")
     costly = sorted(_BY_FILE.items(), key=lambda item: -item[1]["seconds"])[:COSTLY_FILES]
-    write(f"the {len(costly)} costliest files (seconds; launcher jobs and their ranks, "
-          "shared worlds included where a file started one):")
+    write(f"the {len(costly)} costliest files (seconds; scripts run on shared worlds; "
+          "launcher jobs and their ranks, shared worlds included where a file started one):")
     for name, own in costly:
-        write(f"  {own['seconds']:7.0f} s  {own['jobs']:3d} jobs {own['ranks']:4d} ranks  "
-              f"{own['python']:3d} python  {name}")
+        write(f"  {own['seconds']:7.0f} s  {own['scripts']:3d} scripts {own['jobs']:3d} jobs "
+              f"{own['ranks']:4d} ranks  {own['python']:3d} python  {name}")
     path = terminalreporter.config.getoption(COST_OPTION)
     if path:
         with open(path, "w") as f:
@@ -277,6 +277,7 @@ def pytest_runtest_setup(item):
 def _shared_job(worlds, n, script, launcher=True, **job):
     """Runs a job on the shared world of `n`; a test of a file whose world hung is not run."""
     test_file = _CURRENT["file"]
+    _file_cost(test_file)["scripts"] += 1
     outcome = worlds.run(test_file, _CURRENT["test"], n, script, launcher=launcher, **job)
     if outcome is not None:
         for note in outcome.notes:
