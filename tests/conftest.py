@@ -2,7 +2,9 @@
 
 import gc
 import json
+import math
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -126,9 +128,7 @@ def pytest_terminal_summary(terminalreporter):
     write(f"processes started in all: {world_ranks + ranks + python + len(started) - len(launched)}"
           f" Python ranks and processes, each of which imports TensorFlow before its first "
           f"test line" + (f" (about {cpu:.1f} s of CPU, as the worlds measured)"
-                          if cpu == cpu else ""))
-    import resource
-
+                          if not math.isnan(cpu) else ""))
     write(f"this test process: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} "
           f"MB at its peak, {gc.get_freeze_count()} objects kept out of the collector's sight")
     costly = sorted(_BY_FILE.items(), key=lambda item: -item[1]["seconds"])[:COSTLY_FILES]
