@@ -97,6 +97,9 @@ def test_separate_allreduces_in_a_function_are_fused_and_reduce_correctly(mpirun
 def test_allreduces_no_other_rank_runs_fail_on_each_rank_after_the_deadlock_timeout(mpirun):
     job = mpirun("fusion.py", n=2, args=["stalled"], env={"KDIST_DEADLOCK_TIMEOUT": "4"})
     for rank in (0, 1):
+        assert job.rank(rank)["before"] == 2.0
+        # The world's queue ended with it (MPI may give the next world the same handle).
+        assert job.rank(rank)["queues"] == [1, 0]
         kind, message = job.rank(rank)["error"]
         assert kind == "FailedPreconditionError"
         assert f"only_on_rank_{rank}/" in message and "KDIST_DEADLOCK_TIMEOUT" in message

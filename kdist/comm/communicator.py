@@ -113,6 +113,7 @@ class Communicator:
         graphs traced before hold the old one's handle and must be traced again.
         """
         with self.lock:
+            self._retire_queue()
             self._comm = mpi_comm
             self.rank = mpi_comm.Get_rank()
             self.size = mpi_comm.Get_size()
@@ -120,8 +121,15 @@ class Communicator:
 
     def free(self):
         if self._comm is not None:
+            self._retire_queue()
             self._comm.Free()
             self._comm = None
+
+    def _retire_queue(self):
+        # Graph ops reach the C++ fusion queue by handle, which MPI reuses.
+        from kdist.comm import native
+
+        native.retire_fusion_queue(self.fortran_handle)
 
     # -- collectives ---------------------------------------------------------------
 

@@ -13,6 +13,7 @@ import tensorflow as tf
 
 import kdist
 from common import report
+from kdist.comm import native
 
 kdist.init()
 rank = kdist.rank()
@@ -41,6 +42,18 @@ def fused_events(run, name):
 
 
 if mode == "stalled":
+    # First a queue with a long timeout, which must end with kdist.shutdown(): MPI may
+    # give the next world's communicator the same handle (the same address, often), and
+    # that world must get a queue of its own that reads the short timeout set here.
+    short = os.environ["KDIST_DEADLOCK_TIMEOUT"]
+    os.environ["KDIST_DEADLOCK_TIMEOUT"] = "600"
+    out["before"] = float(tf.function(lambda x: kdist.allreduce(x, op=kdist.Sum))(tf.ones([2]))[0])
+    out["queues"] = [native.fusion_queue_count()]
+    kdist.shutdown()
+    out["queues"].append(native.fusion_queue_count())
+    os.environ["KDIST_DEADLOCK_TIMEOUT"] = short
+    kdist.init()
+
     # Rank 0 runs one graph, rank 1 another: neither allreduce exists on the other rank
     # (the queue tells them apart by node name).
     @tf.function

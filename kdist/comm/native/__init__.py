@@ -237,6 +237,29 @@ def current_wait():
     return text.value.decode(errors="replace"), seconds / 1e9
 
 
+def retire_fusion_queue(fortran_handle):
+    """Ends the fusion queue of a communicator about to be freed (no-op without one).
+
+    MPI hands a freed communicator's handle to the next one it creates; without this,
+    a new world after `kdist.shutdown()` and `kdist.init()`, or a process set made
+    after one was removed, would reach the old queue with its old size and settings.
+    """
+    if _ops_library is None or fortran_handle is None:
+        return
+    function = ctypes.CDLL(_ops_library).kdist_fusion_retire
+    function.restype, function.argtypes = None, [ctypes.c_int64]
+    function(int(fortran_handle))
+
+
+def fusion_queue_count():
+    """How many communicators have a live fusion queue in this process (0 before the ops load)."""
+    if _ops_library is None:
+        return 0
+    function = ctypes.CDLL(_ops_library).kdist_fusion_queue_count
+    function.restype, function.argtypes = ctypes.c_int64, []
+    return int(function())
+
+
 def _timeline_function(name):
     function = getattr(ctypes.CDLL(_ops_library), name)
     if name == "kdist_timeline_record":

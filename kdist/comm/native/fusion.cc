@@ -73,7 +73,39 @@ class Queue {
     if (wake) wake_.notify_one();
   }
 
+  // The communicator is about to be freed (kdist.shutdown, a process set
+  // removed, an elastic reset): the thread fails what it holds and ends. MPI
+  // may give a later communicator the same handle, and that one then gets a
+  // queue of its own, with its own size and settings. Waits at most `wait_s`
+  // for the thread, which may be inside a collective the other ranks never join.
+  void Retire(double wait_s) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    retired_ = true;
+    wake_.notify_all();
+    ended_.wait_for(lock, std::chrono::duration<double>(wait_s), [this] { return stopped_; });
+  }
+
  private:
+  // True once retired; fails what is held or arrived and tells Retire.
+  bool Stopped() {
+    std::vector<FusionRequest> failed;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!retired_) return false;
+      failed.swap(held_);
+      for (FusionRequest& request : arrived_) failed.push_back(std::move(request));
+      arrived_.clear();
+    }
+    const Status status = Status::Error(
+        "kdist: the communicator was released (kdist.shutdown, a removed process set or an "
+        "elastic reset) while this allreduce waited for the other ranks");
+    for (FusionRequest& request : failed) request.done(status);
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopped_ = true;
+    ended_.notify_all();
+    return true;
+  }
+
   // Takes what arrived into held_: waits for a first tensor when none is
   // held, then for the cycle to fill. A cycle starts when every tensor of the
   // burst its first tensor came with last time has arrived (a step's
@@ -84,9 +116,10 @@ class Queue {
     std::unique_lock<std::mutex> lock(mutex_);
     if (held_.empty()) {
       idle_ = true;
-      wake_.wait(lock, [this] { return !arrived_.empty(); });
+      wake_.wait(lock, [this] { return !arrived_.empty() || retired_; });
       idle_ = false;
     }
+    if (retired_) return;
     const int64_t start = NowNanoseconds();
     const int64_t first = held_.empty() ? arrived_.front().key : held_.front().key;
     auto known = burst_of_.find(first);
@@ -139,6 +172,7 @@ class Queue {
     int64_t stalled_since = 0;
     while (true) {
       Collect(pause_ns);
+      if (Stopped()) return;
       const bool give_up = deadline_ns > 0 && stalled_since != 0 &&
                            NowNanoseconds() - stalled_since > deadline_ns;
       const bool progress = Cycle(give_up, deadlock_s);
@@ -367,6 +401,9 @@ class Queue {
   std::vector<FusionRequest> arrived_;
   int64_t last_arrival_ = 0;
   bool idle_ = false;
+  bool retired_ = false;
+  bool stopped_ = false;
+  std::condition_variable ended_;
   int64_t awaited_burst_ = -1;
   size_t awaited_size_ = 0;
   size_t awaited_seen_ = 0;
@@ -381,7 +418,8 @@ class Queue {
 
 std::mutex g_queues_mutex;
 
-// Never destroyed: each queue's thread lives as long as the process.
+// A live communicator's queue; a retired queue is left to its thread, which
+// may still be inside a collective when the wait in Retire ends.
 std::map<MPI_Comm, Queue*>& Queues() {
   static auto* queues = new std::map<MPI_Comm, Queue*>();
   return *queues;
@@ -411,3 +449,24 @@ void EnqueueAllreduce(MPI_Comm comm, FusionRequest request) {
 }
 
 }  // namespace kdist
+
+// How many communicators have a queue: one per communicator whose separate
+// allreduces ran in a graph, until the communicator is freed.
+extern "C" int64_t kdist_fusion_queue_count() {
+  std::lock_guard<std::mutex> lock(kdist::g_queues_mutex);
+  return static_cast<int64_t>(kdist::Queues().size());
+}
+
+// Called before a communicator is freed; a no-op when it never had a queue.
+extern "C" void kdist_fusion_retire(int64_t fortran_handle) {
+  const MPI_Comm comm = MPI_Comm_f2c(static_cast<MPI_Fint>(fortran_handle));
+  kdist::Queue* queue = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(kdist::g_queues_mutex);
+    auto found = kdist::Queues().find(comm);
+    if (found == kdist::Queues().end()) return;
+    queue = found->second;
+    kdist::Queues().erase(found);
+  }
+  queue->Retire(2.0);
+}
