@@ -2,7 +2,6 @@
 
 import gc
 import json
-import math
 import os
 import resource
 import signal
@@ -102,35 +101,96 @@ def pytest_runtest_logreport(report):
         _SLOW["ran"].add(report.nodeid)
 
 
+def _own_record():
+    """What this process counted, as JSON: under pytest-xdist each worker hands its own
+    to the controller, which adds them up (pytest_testnodedown)."""
+    worlds = _COST["worlds"]
+    return {
+        "files": _BY_FILE,
+        "total": {k: v for k, v in _COST.items() if k != "worlds"},
+        "worlds": {"started": [list(s) for s in worlds.started] if worlds else [],
+                   "scripts": worlds.jobs if worlds else 0,
+                   "start_cpu": list(worlds.start_cpu) if worlds else []},
+        "slow": {"ran": sorted(_SLOW["ran"]), "seconds": _SLOW["seconds"]},
+        "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "frozen": gc.get_freeze_count(),
+    }
+
+
+# The records of pytest-xdist's workers, as each ends.
+_WORKER_RECORDS = []
+
+
+def pytest_sessionfinish(session):
+    if hasattr(session.config, "workeroutput"):
+        session.config.workeroutput["kdist_cost"] = json.dumps(_own_record())
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    record = getattr(node, "workeroutput", {}).get("kdist_cost")
+    if record:
+        _WORKER_RECORDS.append(json.loads(record))
+
+
+def _suite_record():
+    """This run's cost: this process's, or, under pytest-xdist, the workers' processes
+    and worlds with the seconds the controller saw for each file."""
+    record = _own_record()
+    if not _WORKER_RECORDS:
+        return record
+    for worker in _WORKER_RECORDS:
+        for name, theirs in worker["files"].items():
+            own = _file_cost(os.path.join(os.path.dirname(HERE), name))
+            for key in ("jobs", "ranks", "python", "other", "scripts"):
+                own[key] += theirs[key]
+        for key in ("jobs", "ranks", "python", "other"):
+            record["total"][key] += worker["total"][key]
+        for key in ("started", "start_cpu"):
+            record["worlds"][key] += worker["worlds"][key]
+        record["worlds"]["scripts"] += worker["worlds"]["scripts"]
+        record["slow"]["ran"] += worker["slow"]["ran"]
+        record["slow"]["seconds"] += worker["slow"]["seconds"]
+        record["peak_mb"] = max(record["peak_mb"], worker["peak_mb"])
+        record["frozen"] = max(record["frozen"], worker["frozen"])
+    record["workers"] = len(_WORKER_RECORDS)
+    return record
+
+
 def pytest_terminal_summary(terminalreporter):
     """The suite's own cost: processes started, ranks, and the seconds spent starting
     shared worlds, so that a change that adds jobs shows here; and the slow tests' own
     time when they ran (--slow)."""
-    if _SLOW["ran"]:
+    record = _suite_record()
+    slow = record["slow"]
+    if slow["ran"]:
         terminalreporter.section("slow tests")
-        terminalreporter.write_line(f"{len(_SLOW['ran'])} slow tests ran in "
-                                    f"{_SLOW['seconds']:.0f} s")
-    worlds = _COST["worlds"]
-    started = worlds.started if worlds is not None else []
+        terminalreporter.write_line(f"{len(slow['ran'])} slow tests ran in "
+                                    f"{slow['seconds']:.0f} s")
+    total, worlds = record["total"], record["worlds"]
+    started = worlds["started"]
     launched = [s for s in started if s[1]]
     world_ranks = sum(size for size, _, _ in launched)
-    jobs, ranks = _COST["jobs"] - len(launched), _COST["ranks"] - world_ranks
-    python = _COST["python"] - (len(started) - len(launched))
+    jobs, ranks = total["jobs"] - len(launched), total["ranks"] - world_ranks
+    python = total["python"] - (len(started) - len(launched))
     write = terminalreporter.write_line
     terminalreporter.section("kdist suite cost")
+    if record.get("workers"):
+        write(f"{record['workers']} pytest-xdist workers, each with worlds of its own")
     write(f"shared worlds: {len(started)} started ({world_ranks} ranks under mpiexec, "
           f"{len(started) - len(launched)} single processes), "
           f"{sum(s for _, _, s in started):.0f} s starting them, "
-          f"{worlds.jobs if worlds else 0} scripts run on them")
+          f"{worlds['scripts']} scripts run on them")
     write(f"jobs of their own: {jobs} mpiexec or srun jobs with {ranks} ranks in all; "
-          f"{python} other Python processes; {_COST['other']} other commands")
-    cpu = _import_seconds(started)
+          f"{python} other Python processes; {total['other']} other commands")
+    cpu = worlds["start_cpu"]
     write(f"processes started in all: {world_ranks + ranks + python + len(started) - len(launched)}"
           f" Python ranks and processes, each of which imports TensorFlow before its first "
-          f"test line" + (f" (about {cpu:.1f} s of CPU, as the worlds measured)"
-                          if not math.isnan(cpu) else ""))
-    write(f"this test process: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} "
-          f"MB at its peak, {gc.get_freeze_count()} objects kept out of the collector's sight")
+          f"test line" + (f" (about {sum(cpu) / len(cpu):.1f} s of CPU, as the worlds "
+                          f"measured)" if cpu else ""))
+    write(f"the test process{'es' if record.get('workers') else ''}: "
+          f"{record['peak_mb']:.0f} MB at the peak, {record['frozen']} objects kept out "
+          f"of the collector's sight")
     costly = sorted(_BY_FILE.items(), key=lambda item: -item[1]["seconds"])[:COSTLY_FILES]
     write(f"the {len(costly)} costliest files (seconds; scripts run on shared worlds; "
           "launcher jobs and their ranks, shared worlds included where a file started one):")
@@ -140,20 +200,12 @@ def pytest_terminal_summary(terminalreporter):
     path = terminalreporter.config.getoption(COST_OPTION)
     if path:
         with open(path, "w") as f:
-            json.dump({"files": _BY_FILE, "total": {k: v for k, v in _COST.items()
-                                                    if k != "worlds"}}, f, indent=1)
+            json.dump({"files": _BY_FILE, "total": total}, f, indent=1)
         write(f"per-file cost written to {path}")
 
 
 COSTLY_FILES = 8
 COST_OPTION = "--suite-cost"
-
-
-def _import_seconds(started):
-    worlds = _COST["worlds"]
-    if worlds is None:
-        return float("nan")
-    return worlds.mean_start_cpu()
 
 
 WITHOUT_MPI = "KDIST_TEST_WITHOUT_MPI"
@@ -186,11 +238,26 @@ def pytest_itemcollected(item):
         item.add_marker(pytest.mark.mpi)
 
 
+# The files that take longest (`--suite-cost`, one process), longest first. Run first,
+# they leave short files for the end, so that pytest-xdist's workers (README's `-n 2`,
+# one file to a worker at a time) end together instead of one waiting for the other.
+LONGEST_FILES = ("test_docs_examples.py", "test_hosts.py", "test_tune_distributed.py",
+                 "test_examples.py", "test_ps.py", "test_elastic.py", "test_tune.py",
+                 "test_pbt.py", "test_no_hang.py", "test_sparsity.py", "test_benchmarks.py",
+                 "test_gan_calorimeter.py", "test_ring.py", "test_robustness.py")
+
+
+def _costliest_first(item):
+    name = item.path.name
+    return LONGEST_FILES.index(name) if name in LONGEST_FILES else len(LONGEST_FILES)
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config, items):
     """Refuses to run a selection that holds multi-process tests when MPI is missing:
     skipping them would leave a green run that tested none of the distributed behaviour.
     `KDIST_TEST_WITHOUT_MPI=1` skips them knowingly instead."""
+    items.sort(key=_costliest_first)
     _SLOW["ids"] = {item.nodeid for item in items if item.get_closest_marker("slow")}
     if not config.getoption(SLOW_OPTION):
         # Skipped, not deselected, so that the summary counts what the run left out.
