@@ -14,12 +14,21 @@ are removed, so that logs read as plain text.
 TensorFlow's start-up lines (absl's notice, oneDNN, CUDA stubs, CPU
 features), which every rank would print, are dropped unless KDIST_VERBOSE
 is set (`kdist run -v`).
+
+With KDIST_RUN_TOKEN set (by `kdist run`), the wrapper also writes one line
+when the command starts and one when it ends, with the rank, the host and how
+it ended; `kdist run` takes those lines out of the output and, from them,
+tells which ranks ended cleanly (kdist/_rank_ends.py). A rank whose host
+vanished writes no end line, whatever the launcher's exit status says.
+Signals the launcher sends to end the job (SIGTERM, SIGINT, SIGHUP, SIGUSR1,
+SIGUSR2) are passed on to the command, so that its end is still reported.
 """
 
 import contextlib
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 
@@ -96,6 +105,33 @@ def _write(out, tag, chunk, start_of_line, lock, drop=None, plain=False):
     return start_of_line
 
 
+TOKEN_VARIABLE = "KDIST_RUN_TOKEN"
+FORWARDED_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1", "SIGUSR2")
+
+
+def record_marker(token):
+    """What starts each of the wrapper's start and end lines for the run with `token`."""
+    return f"\x1ekdist-run:{token}:".encode()
+
+
+def write_record(token, event, **fields):
+    """One whole line, `<marker><event> name=value ...`, in a single write to standard output."""
+    text = " ".join([event] + [f"{name}={value}" for name, value in fields.items()])
+    line = record_marker(token) + text.encode() + b"\n"
+    sys.stdout.flush()
+    os.write(sys.stdout.fileno(), line)
+
+
+def _pass_on_signals(process):
+    def forward(number, frame):
+        with contextlib.suppress(ProcessLookupError):
+            process.send_signal(number)
+
+    for name in FORWARDED_SIGNALS:
+        with contextlib.suppress(OSError, ValueError):
+            signal.signal(getattr(signal, name), forward)
+
+
 def main(argv):
     command = argv[1:] if argv and argv[0] == "--" else argv
     if not command:
@@ -110,12 +146,19 @@ def main(argv):
     # close_fds=False: the command inherits what the launcher handed this
     # process (MPICH's Hydra and srun's PMI-2 pass a socket in PMI_FD); the
     # descriptors Python opened itself are not inheritable anyway.
+    token = os.environ.get(TOKEN_VARIABLE, "")
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                env=env, close_fds=False)
+    if token:
+        _pass_on_signals(process)
+        write_record(token, "start", rank=rank, host=socket.gethostname(), pid=process.pid)
     tag = b"" if rank == "0" else f"[{rank}] ".encode()
     relay(process.stdout.fileno(), tag, sys.stdout.buffer, drop=quiet(),
           plain=os.environ.get("KDIST_TTY") == "0")
     code = process.wait()
+    if token:
+        write_record(token, "end", rank=rank, host=socket.gethostname(), pid=process.pid,
+                     code=code)
     if code < 0:
         # Die of the same signal: under fault tolerance the launcher then treats
         # this rank as failed and lets the others go on, whereas an exit status

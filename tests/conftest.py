@@ -4,6 +4,7 @@ import gc
 import json
 import os
 import resource
+import shlex
 import signal
 import subprocess
 import sys
@@ -420,9 +421,11 @@ def mpi_job(mpiexec_path, tmp_path):
     from kdist.cli import mpiexec_command
 
     def run(script, n=2, args=(), timeout=180, check=True, env=None, fault_tolerant=False,
-            mpi_args=(), hosts=None):
+            mpi_args=(), hosts=None, kdist_run=False):
         """`hosts`: spread the `n` ranks evenly over that many emulated hosts (see
-        tests/emulated_hosts.py), launched from the first as on a cluster."""
+        tests/emulated_hosts.py), launched from the first as on a cluster. `kdist_run`:
+        start the job with `kdist run` (its rank wrapper and its verdict) instead of
+        the launcher itself."""
         if hosts is not None:
             import emulated_hosts
 
@@ -433,10 +436,12 @@ def mpi_job(mpiexec_path, tmp_path):
                 raise ValueError(f"{n} ranks do not spread evenly over {hosts} hosts")
             with emulated_hosts.EmulatedHosts(hosts) as machines:
                 return _run(script, n, args, timeout, check, env, fault_tolerant, mpi_args,
-                            machines)
-        return _run(script, n, args, timeout, check, env, fault_tolerant, mpi_args, None)
+                            machines, kdist_run)
+        return _run(script, n, args, timeout, check, env, fault_tolerant, mpi_args, None,
+                    kdist_run)
 
-    def _run(script, n, args, timeout, check, env, fault_tolerant, mpi_args, machines):
+    def _run(script, n, args, timeout, check, env, fault_tolerant, mpi_args, machines,
+             kdist_run):
         script = _script_path(script, tmp_path)
         report_dir = _report_dir(tmp_path, script, args)
         command = [sys.executable, "-u", script] + [str(a) for a in args]
@@ -450,8 +455,14 @@ def mpi_job(mpiexec_path, tmp_path):
             # Open MPI gives ranks on other hosts only the variables it is told to.
             mpi_args = machines.mpi_args(n // machines.count, forward=sorted(settings)) + list(
                 mpi_args)
-        argv, full_env = mpiexec_command(n, command, mpiexec=mpiexec_path, extra=mpi_args,
-                                         fault_tolerant=fault_tolerant)
+        if kdist_run:
+            argv = [sys.executable, "-m", "kdist.cli", "run", "-n", str(n), "--mpi-args",
+                    shlex.join(str(a) for a in mpi_args)]
+            argv += (["--fault-tolerant"] if fault_tolerant else []) + ["--"] + command
+            full_env = dict(os.environ)
+        else:
+            argv, full_env = mpiexec_command(n, command, mpiexec=mpiexec_path,
+                                             extra=mpi_args, fault_tolerant=fault_tolerant)
         full_env.update(settings)
         if machines is not None:
             argv = machines.on_first_host(argv)

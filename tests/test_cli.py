@@ -1,9 +1,12 @@
 """The kdist command line: run, info, docs."""
 
+import io
 import json
 import os
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 
@@ -134,9 +137,93 @@ def test_run_fails_when_any_rank_fails(mpiexec_path, tmp_path):
                       "time.sleep(2 if rank == 1 else 0)\n"
                       "sys.exit(3 if rank == 1 else 0)\n")
     done = kdist_cli("run", "-n", "2", str(script))
-    assert done.returncode != 0
+    assert done.returncode == 3
     lines = done.stdout.splitlines()
     assert "hello from 0" in lines and "[1] hello from 1" in lines
+    # The wrappers' start and end lines are not in the output; the last line says how
+    # each rank ended.
+    assert "kdist-run:" not in done.stdout
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("kdist run: exit status 3") and "rank 0 ended cleanly" in last
+    assert "rank 1 exited with status 3 on host" in last
+
+
+def _relayed(chunks, marker=b"\x1ekdist-run:t:"):
+    """What relay_records writes and the records it finds, `chunks` read one by one."""
+    from kdist import _rank_ends
+
+    read, write = os.pipe()
+    records, out = [], io.BytesIO()
+
+    def feed():
+        # A pause between writes, so that each chunk is most likely a read of its own.
+        for chunk in chunks:
+            os.write(write, chunk)
+            time.sleep(0.02)
+        os.close(write)
+
+    feeder = threading.Thread(target=feed)
+    feeder.start()
+    _rank_ends.relay_records(read, out, marker, records.append)
+    feeder.join()
+    os.close(read)
+    return out.getvalue(), records
+
+
+def test_run_takes_the_wrappers_lines_out_of_the_output_wherever_reads_cut_them():
+    m = b"\x1ekdist-run:t:"
+    text, records = _relayed([b"epoch 1/3\r", b"[1] half a li", m[:5], m[5:] + b"start rank=1",
+                              b" host=b pid=7\nne\n", m + b"end rank=1 host=b pid=7 code=0\n",
+                              b"\x1ekd", b"not a marker\n"])
+    assert text == b"epoch 1/3\r[1] half a line\n\x1ekdnot a marker\n"
+    assert records == ["start rank=1 host=b pid=7", "end rank=1 host=b pid=7 code=0"]
+
+
+def test_a_rank_that_never_reports_its_end_fails_the_run_whatever_the_launcher_says():
+    from kdist._rank_ends import Ends
+
+    ends = Ends(3)
+    for rank, host in ((0, "a"), (1, "a"), (2, "b")):
+        ends.add(f"start rank={rank} host={host} pid=1{rank}")
+    ends.add("end rank=0 host=a pid=10 code=0")
+    ends.add("end rank=1 host=a pid=11 code=-15")
+    # The launcher lost host b's daemon and still exited 0.
+    assert ends.exit_status(0) == 1
+    line = ends.summary("run", 1, 0)
+    assert line.startswith("kdist run: exit status 1 (the launcher exited 0): ")
+    assert "rank 0 ended cleanly" in line and "rank 1 was killed by SIGTERM on host a" in line
+    assert "rank 2 never reported its end (host b" in line
+    # The launcher's own failure wins; a rank that never started fails the run too.
+    assert ends.exit_status(7) == 7
+    partial = Ends(2)
+    partial.add("start rank=0 host=a pid=1")
+    partial.add("end rank=0 host=a pid=1 code=0")
+    assert partial.exit_status(0) == 1
+    assert "rank 1 never started" in partial.summary("run", 1, 0)
+    everyone = Ends(2)
+    for rank in (0, 1):
+        everyone.add(f"start rank={rank} host=a pid={rank}")
+        everyone.add(f"end rank={rank} host=a pid={rank} code=0")
+    assert everyone.exit_status(0) == 0
+    assert everyone.summary("run", 0, 0) == "kdist run: exit status 0: ranks 0-1 ended cleanly."
+
+
+def test_an_elastic_run_survives_lost_ranks_but_not_a_rank_that_failed():
+    from kdist._rank_ends import Ends
+
+    ends = Ends(3)
+    for rank in range(3):
+        ends.add(f"start rank={rank} host=h pid={rank}")
+    ends.add("end rank=0 host=h pid=0 code=0")
+    ends.add("end rank=1 host=h pid=1 code=-9")  # lost, rank 2 vanished with its host
+    assert ends.exit_status(0, elastic=True) == 0
+    assert ends.exit_status(0) == 128 + 9  # the kill, more likely the cause than the loss
+    ends.add("start rank=3 host=h pid=9")  # a replacement that then failed
+    ends.add("end rank=3 host=h pid=9 code=2")
+    assert ends.exit_status(0, elastic=True) == 2
+    nobody = Ends(1)
+    nobody.add("start rank=0 host=h pid=0")
+    assert nobody.exit_status(0, elastic=True) == 1
 
 
 def test_run_explains_a_missing_script():

@@ -145,8 +145,10 @@ def test_quickstart_under_kdist_run_trains_and_prints_cleanly(mpiexec_path):
     assert "ranks hold identical weights: True" in output
     # What a user sees: no TensorFlow start-up lines, no warnings, bars tagged once.
     for noise in ("absl::InitializeLog", "cuInit", "oneDNN", "Warning", "[0]", "[1] [1]",
-                  "\x1b["):
+                  "\x1b[", "kdist-run:"):
         assert noise not in output, noise + "\n" + output[-3000:]
+    # The last line says how each rank ended.
+    assert done.stderr.splitlines()[-1] == "kdist run: exit status 0: ranks 0-1 ended cleanly."
 
 
 PIPELINE_EXAMPLE = os.path.join(ROOT, "examples", "pipeline_parallel.py")

@@ -53,20 +53,25 @@ def test_mpi_strategy_across_hosts_matches_one_process(mpi_job, python_run):
     np.testing.assert_allclose(rank0["weights"], single["weights"], atol=1e-4, rtol=0)
 
 
-def test_a_host_that_drops_off_the_network_ends_the_job_in_seconds(mpi_job):
+def test_a_host_that_drops_off_the_network_ends_the_job_in_seconds_and_fails_it(mpi_job):
     # Rank 1 pulls its host's cable mid-training. Open MPI's launcher, with the keepalive
     # settings kdist gives multi-host jobs, notices the lost daemon within about 30 s and
-    # ends the job (its default would take 8 minutes); the fixture's timeout would fail
-    # the test on a hang.
+    # ends the job (its default would take 8 minutes), and may exit 0 doing so; kdist
+    # run's verdict must not: rank 1 never reported its end. The fixture's timeout would
+    # fail the test on a hang.
     """Its own job: one emulated host's link is taken down and the job must end; how is the
     subject.
     """
     started = time.monotonic()
-    job = mpi_job("unplug.py", n=2, hosts=2, check=False, timeout=150)
+    job = mpi_job("unplug.py", n=2, hosts=2, check=False, timeout=150, kdist_run=True)
     assert time.monotonic() - started < 120
     assert "lost communication with a remote daemon" in job.output
     assert "on node h1" in job.output
     assert not any(report.get("finished") for report in job.results.values())
+    assert job.returncode != 0
+    last = job.output.replace("\0", "").strip().splitlines()[-1]
+    assert last.startswith(f"kdist run: exit status {job.returncode}"), job.output[-3000:]
+    assert "rank 1 never reported its end (host h1" in last, last
 
 
 def test_a_parameter_server_shares_memory_on_its_host_and_sends_messages_across(mpi_job,
