@@ -466,7 +466,8 @@ def mpi_job(mpiexec_path, tmp_path):
         full_env.update(settings)
         if machines is not None:
             argv = machines.on_first_host(argv)
-        returncode, output, timed_out = _run_job(argv, full_env, timeout)
+        returncode, output, timed_out = _run_job(
+            argv, full_env, timeout, machines.kill_processes if machines else None)
         if timed_out:
             import shared_world
 
@@ -483,12 +484,13 @@ def mpi_job(mpiexec_path, tmp_path):
     return run
 
 
-def _run_job(argv, env, timeout):
+def _run_job(argv, env, timeout, kill_elsewhere=None):
     """Runs a job of its own: `(exit code, output, timed out)`.
 
     On `timeout` the launcher gets SIGUSR1 first, which Open MPI's and MPICH's launchers
     pass on to every rank, and on which every rank the tests start writes each thread's
-    Python stack (sitecustomize.py); then the job is ended.
+    Python stack (sitecustomize.py); then the job is ended, with `kill_elsewhere()` for
+    what runs outside the launcher's process group (daemons on emulated hosts).
     """
     process = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                text=True, start_new_session=True)
@@ -501,6 +503,8 @@ def _run_job(argv, env, timeout):
             output, _ = process.communicate(timeout=3)
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
+            if kill_elsewhere is not None:
+                kill_elsewhere()
             output, _ = process.communicate()
         return process.returncode, output, True
 

@@ -101,19 +101,25 @@ class EmulatedHosts:
     def close(self):
         """Ends what still runs on the hosts (a daemon whose link went down outlives its
         job), then removes the namespaces (their interfaces go with them) and the files."""
+        self.kill_processes()
         for name in self.names + ["sw"]:
             namespace = self.namespace(name) if name != "sw" else f"{self.prefix}sw"
-            pids = _ip("netns", "pids", namespace, check=False).stdout.split()
-            for pid in pids:
-                try:
-                    os.kill(int(pid), 9)
-                except (OSError, ValueError):
-                    pass
             _ip("netns", "delete", namespace, check=False)
             shutil.rmtree(f"/etc/netns/{namespace}", ignore_errors=True)
         if self._directory:
             shutil.rmtree(self._directory, ignore_errors=True)
             self._directory = None
+
+    def kill_processes(self):
+        """Kills whatever runs on the hosts: a launcher's daemon on a host whose link went
+        down outlives its job, and holds the job's output open."""
+        for name in self.names + ["sw"]:
+            namespace = self.namespace(name) if name != "sw" else f"{self.prefix}sw"
+            for pid in _ip("netns", "pids", namespace, check=False).stdout.split():
+                try:
+                    os.kill(int(pid), 9)
+                except (OSError, ValueError):
+                    pass
 
     def set_link(self, host, up):
         """Plugs host `host` (an index) into the switch, or pulls its cable."""
