@@ -3,6 +3,10 @@ launched from the first host through Open MPI's remote-shell agent, TCP the only
 between hosts, as on a cluster."""
 
 import os
+import signal
+import subprocess
+import sys
+import threading
 import time
 
 import numpy as np
@@ -72,6 +76,63 @@ def test_a_host_that_drops_off_the_network_ends_the_job_in_seconds_and_fails_it(
     last = job.output.replace("\0", "").strip().splitlines()[-1]
     assert last.startswith(f"kdist run: exit status {job.returncode}"), job.output[-3000:]
     assert "rank 1 never reported its end (host h1" in last, last
+
+
+# Open MPI's own keepalive settings for its daemons (8 minutes to notice a lost one), as a
+# user who types `mpiexec` has them: kdist's launcher adds shorter ones otherwise.
+PLAIN_MPIEXEC = ["--prtemca", "oob_tcp_keepalive_time", "300"]
+
+
+def test_a_host_that_drops_off_the_network_under_plain_mpiexec_fails_its_ranks_naming_it(
+        mpiexec_path, tmp_path):
+    # The launcher takes 8 minutes to notice the lost daemon (and waits for it before it
+    # exits); kdist's watchdog on rank 0 hears nothing from rank 1 while it waits for it
+    # (the peer timeout, 120 s by default, shortened here) and aborts, naming rank 1 and
+    # host h1. The test ends the launcher once that line is out.
+    """Its own job: one emulated host's link is taken down under a plain launcher; how the
+    ranks end is the subject.
+    """
+    import emulated_hosts
+    from conftest import RANK_SETTINGS
+    from kdist.cli import mpiexec_command
+
+    why_not = emulated_hosts.available()
+    if why_not:
+        pytest.skip(why_not)
+    expected = ("rank(s) 1 (host h1) answered none of kdist's questions for 10 s "
+                "(KDIST_PEER_TIMEOUT): lost, with host(s) h1 down")
+    settings = dict(RANK_SETTINGS, KDIST_PEER_TIMEOUT="10", KDIST_TEST_REPORTS=str(tmp_path),
+                    PYTHONPATH=os.pathsep.join([HERE, os.environ.get("PYTHONPATH", "")]))
+    with emulated_hosts.EmulatedHosts(2) as machines:
+        settings.update(KDIST_TEST_SWITCH=f"{machines.prefix}sw",
+                        KDIST_TEST_HOSTS=machines.prefix)
+        argv, env = mpiexec_command(
+            2, [sys.executable, "-u", os.path.join(HERE, "workers", "unplug.py")],
+            mpiexec=mpiexec_path,
+            extra=machines.mpi_args(1, forward=sorted(settings)) + PLAIN_MPIEXEC)
+        env.update(settings)
+        job = subprocess.Popen(machines.on_first_host(argv), env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, start_new_session=True)
+        output = []
+        seen = threading.Event()
+
+        def read():
+            for line in iter(job.stdout.readline, b""):
+                output.append(line.decode(errors="replace"))
+                if expected in output[-1]:
+                    seen.set()
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        seen.wait(120)
+        os.killpg(job.pid, signal.SIGKILL)
+        machines.kill_processes()
+        job.wait()
+        reader.join(10)
+    text = "".join(output)
+    assert seen.is_set(), text[-3000:]
+    assert "[kdist rank 0] aborting the job: 'allreduce" in text, text[-3000:]
+    assert not list(tmp_path.iterdir()), "no rank reported finishing"
 
 
 def test_a_parameter_server_shares_memory_on_its_host_and_sends_messages_across(mpi_job,

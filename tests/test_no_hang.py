@@ -1,30 +1,40 @@
 """No hang, anywhere: a stopped rank ends the job within the timeout, naming it."""
 
+import socket
+
 import pytest
 
 pytestmark = pytest.mark.mpi
 
 
-@pytest.mark.parametrize("case", ["stop", "stop-graph"])
-def test_a_stopped_rank_ends_the_job_within_the_collective_timeout(mpi_job, case):
+@pytest.mark.parametrize("case,setting", [("stop", "KDIST_COLLECTIVE_TIMEOUT"),
+                                          ("stop-graph", "KDIST_PEER_TIMEOUT")])
+def test_a_stopped_rank_ends_the_job_within_the_timeout_naming_it(mpi_job, case, setting):
     # A hang would outlive the fixture's timeout and fail there; how long ending takes is
-    # measured by benchmarks/faults.py, not asserted here.
+    # measured by benchmarks/faults.py, not asserted here. The collective timeout ends any
+    # long wait; the peer timeout (on by default, shortened here) ends a wait for a rank
+    # that stopped answering, and names its host.
     """Its own job: a rank is stopped and the job must end; how it ends is the subject."""
-    job = mpi_job("stall.py", n=2, args=[case], check=False, timeout=150,
-                  env={"KDIST_COLLECTIVE_TIMEOUT": "6"})
+    job = mpi_job("stall.py", n=2, args=[case], check=False, timeout=150, env={setting: "6"})
     assert job.returncode != 0 and job.results == {}
     assert "[kdist rank 0] aborting the job" in job.output
-    assert "KDIST_COLLECTIVE_TIMEOUT=6" in job.output
     assert "rank(s) [1] do not answer" in job.output, job.output[-3000:]
+    if setting == "KDIST_COLLECTIVE_TIMEOUT":
+        assert "KDIST_COLLECTIVE_TIMEOUT=6" in job.output
+    else:
+        host = socket.gethostname()
+        assert (f"rank(s) 1 (host {host}) answered none of kdist's questions for 6 s "
+                f"(KDIST_PEER_TIMEOUT): lost, with host(s) {host} down") in job.output
     if case == "stop":
         assert "after the pause" in job.output, "the waiting collective is named"
 
 
 def test_a_long_wait_is_reported_with_the_missing_rank_and_the_job_goes_on(mpirun):
-    # The deadlock timeout passes too, but the missing rank is running: no deadlock.
+    # The deadlock and peer timeouts pass too, but the missing rank is running and answers
+    # the watchdog: no deadlock, and not lost.
     job = mpirun("stall.py", n=2, args=["pause"], timeout=150,
                  env={"KDIST_STALL_WARNING": "2", "PAUSE_SECONDS": "7",
-                      "KDIST_DEADLOCK_TIMEOUT": "2"})
+                      "KDIST_DEADLOCK_TIMEOUT": "2", "KDIST_PEER_TIMEOUT": "2"})
     assert job.rank(0)["waited"] > 5
     assert "stall: 'allreduce (sum) of 1000 float64 values (after the pause)" in job.output
     assert "rank 1 is running, not in a kdist collective" in job.output, job.output[-3000:]

@@ -21,6 +21,7 @@ class _World:
         self.local = None
         self.cross = None
         self.watch = None
+        self.hosts = []  # every rank's host name, by rank (an MPI job)
         self.thread_level = None
         # How many times the world changed since this process started (ranks
         # lost or replaced); a process that joined a running job starts at 1.
@@ -47,6 +48,13 @@ def world_generation():
 def joined_late():
     """Whether this process was started to replace a lost rank of a running job."""
     return _state.joined_late
+
+
+def host_of(rank):
+    """The host name of world rank `rank`, as that rank gave it at `kdist.init()` (or at
+    the last change of the world); "?" when unknown."""
+    hosts = _state.hosts
+    return hosts[rank] if 0 <= rank < len(hosts) else "?"
 
 
 def is_initialized():

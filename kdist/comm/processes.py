@@ -9,6 +9,7 @@ script's own MPI messages can never meet kdist's.
 
 import logging
 import os
+import socket
 import sys
 
 from kdist.comm import job as _job
@@ -191,6 +192,7 @@ def init(comm=None, process_sets=None):
             cross = Communicator(mpi_comm.Split(local.rank, world.rank))
             if _state.thread_level == MPI.THREAD_MULTIPLE and world.size > 1:
                 _state.watch = mpi_comm.Dup()
+            _state.hosts = _host_names(mpi_comm)
         _state.world, _state.local, _state.cross = world, local, cross
         _state.initialized = True
     from kdist.comm import ending, watchdog
@@ -317,8 +319,15 @@ def replace_world(mpi_comm):
         _state.watch = None
         if _state.thread_level == MPI.THREAD_MULTIPLE and world.size > 1:
             _state.watch = mpi_comm.Dup()
+        _state.hosts = _host_names(mpi_comm)
     if world.size > 1:
         watchdog.start_monitor(world, _state.watch)
+
+
+def _host_names(mpi_comm):
+    """Every rank's host name, by rank (collective): so that a rank can name the host of a
+    peer that stopped answering, which can no longer say it itself."""
+    return list(mpi_comm.allgather(socket.gethostname()))
 
 
 def shutdown():
@@ -342,6 +351,7 @@ def shutdown():
         if _state.watch is not None:
             _state.watch.Free()
         _state.world = _state.local = _state.cross = _state.watch = None
+        _state.hosts = []
         _state.initialized = False
 
 

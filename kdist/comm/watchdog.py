@@ -16,6 +16,14 @@ wait for it. kdist prevents that four ways:
   end the wait and the job ends with the report. A rank that computes, or
   waits for something outside kdist, keeps the job alive however long it
   takes, and so do ranks moving a collective's data (a slow payload);
+- a peer that stops answering ends the job: while this rank waits for the
+  others, the monitor asks them every few seconds; a rank that has answered
+  none of those questions for `KDIST_PEER_TIMEOUT` seconds (default 120; 0
+  turns it off) is lost (its host or link is down, or it is stopped or
+  dead), and the job ends naming it and its host. A rank that computes,
+  compiles or writes a checkpoint still answers (its monitor thread runs
+  beside the work), and so does a rank behind a slow link: only silence
+  counts, however long the wait;
 - with `KDIST_COLLECTIVE_TIMEOUT` seconds set, any wait that lasts longer ends
   the job with the same report: which ranks are waiting where, and which do
   not answer at all.
@@ -190,18 +198,22 @@ def start_monitor(world, watch_comm):
     timeout = _seconds("KDIST_COLLECTIVE_TIMEOUT", 0.0)
     stall = _seconds("KDIST_STALL_WARNING", 60.0)
     deadlock = _seconds("KDIST_DEADLOCK_TIMEOUT", DEFAULT_DEADLOCK_TIMEOUT)
-    if timeout == 0 and stall == 0 and deadlock == 0:
+    silence = _seconds("KDIST_PEER_TIMEOUT", DEFAULT_PEER_TIMEOUT)
+    if timeout == 0 and stall == 0 and deadlock == 0 and silence == 0:
         return None
     from kdist.comm.peers import PeerStatus
 
     peers = PeerStatus(watch_comm, world.rank) if watch_comm is not None else None
-    _monitor = _Monitor(peers, timeout, stall, deadlock)
+    _monitor = _Monitor(peers, timeout, stall, deadlock, silence)
     _monitor.start()
     atexit.register(stop_monitor)
     return _monitor
 
 
 DEFAULT_DEADLOCK_TIMEOUT = 300.0
+DEFAULT_PEER_TIMEOUT = 120.0
+# A peer counts as lost only after this many unanswered questions in a row too.
+SILENT_QUESTIONS = 3
 
 
 def stop_monitor():
@@ -214,13 +226,18 @@ def stop_monitor():
 class _Monitor(threading.Thread):
     """Watches this process's waits; warns about stalls and ends stuck jobs."""
 
-    def __init__(self, peers, timeout, stall_warning, deadlock=0.0):
+    def __init__(self, peers, timeout, stall_warning, deadlock=0.0, silence=0.0):
         super().__init__(name="kdist-watchdog", daemon=True)
         self.peers = peers
         self.timeout = timeout
         self.stall_warning = stall_warning
         self.deadlock = deadlock if peers is not None else 0.0
-        limits = [t for t in (timeout, stall_warning, self.deadlock) if t > 0]
+        self.silence = silence if peers is not None else 0.0
+        # How often a waiting rank asks its peers whether they are still there.
+        self.liveness_every = min(10.0, self.silence / 6)
+        self._silent = {}  # rank -> (since when it has not answered, questions missed)
+        self._next_liveness = 0.0
+        limits = [t for t in (timeout, stall_warning, self.deadlock, self.silence) if t > 0]
         self.tick = max(0.05, min([1.0] + [t / 4 for t in limits]))
         # Another rank's wait counts as stuck once it has lasted this long.
         self.settle = min(self.deadlock, 30.0)
@@ -244,8 +261,11 @@ class _Monitor(threading.Thread):
                 # Ranks may end at different times: waiting for them at exit is no stall.
                 self._warned.clear()
                 self._suspect = None
+                self._silent.clear()
                 continue
             what, seconds, state = wait
+            if self.silence and state == WAITING and seconds > self.liveness_every:
+                self._check_liveness(what, seconds)
             if self.timeout and seconds > self.timeout:
                 report = self._ask()
                 abort(f"'{what}' has waited {seconds:.0f} s for the other ranks "
@@ -281,6 +301,37 @@ class _Monitor(threading.Thread):
         abort(f"'{what}' has waited {seconds:.0f} s for the other ranks, and none of them "
               f"can end the wait: a deadlock (KDIST_DEADLOCK_TIMEOUT={self.deadlock:g}). "
               f"{_describe(answers)}")
+
+    def _heard(self, answers):
+        """Notes who answered; returns the ranks silent for `silence` seconds and at least
+        SILENT_QUESTIONS questions in a row."""
+        now = time.monotonic()
+        for rank, answer in answers.items():
+            if answer is not None:
+                self._silent.pop(rank, None)
+            else:
+                since, missed = self._silent.get(rank, (now, 0))
+                self._silent[rank] = (since, missed + 1)
+        return sorted(rank for rank, (since, missed) in self._silent.items()
+                      if now - since >= self.silence and missed >= SILENT_QUESTIONS)
+
+    def _check_liveness(self, what, seconds):
+        """Ends the job when a peer has answered nothing for `silence` seconds."""
+        now = time.monotonic()
+        if now < self._next_liveness:
+            return
+        self._next_liveness = now + self.liveness_every
+        answers = self.peers.ask(self._status)
+        lost = self._heard(answers)
+        if lost:
+            from kdist.comm import job
+
+            named = ", ".join(f"{rank} (host {job.host_of(rank)})" for rank in lost)
+            hosts = sorted({job.host_of(rank) for rank in lost})
+            abort(f"'{what}' has waited {seconds:.0f} s for the other ranks, and rank(s) "
+                  f"{named} answered none of kdist's questions for {self.silence:g} s "
+                  f"(KDIST_PEER_TIMEOUT): lost, with host(s) {', '.join(hosts)} down or "
+                  f"unreachable, or the ranks stopped or dead. {_describe(answers)}")
 
     def _status(self):
         wait = current_wait_state()
