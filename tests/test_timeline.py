@@ -43,7 +43,7 @@ def test_every_rank_s_collectives_are_merged_into_one_trace(mpirun, tmp_path, mo
         assert len(cycles) == (3 if mode == "api" else 0)
         for span in _spans(events, rank, GRAPH) + _spans(events, rank, PYTHON):
             assert span["ts"] >= 0 and span["dur"] >= 0
-    # Rank 1 came to the probe half a second late: rank 0 waited in the negotiation.
+    # Rank 1 came to the probe a second after the line-up: rank 0 waited in the negotiation.
     negotiations = [e for e in _spans(events, 0, PYTHON, "negotiate")
                     if "probe" in e["args"]["what"]]
     assert len(negotiations) == 1 and negotiations[0]["dur"] >= 3e5

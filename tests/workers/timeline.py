@@ -30,8 +30,11 @@ model.compile(optimizer=kdist.DistributedOptimizer(keras.optimizers.SGD(0.1)),
               loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
 model.fit(x, y, batch_size=8, epochs=1, verbose=0,
           callbacks=[kdist.callbacks.BroadcastGlobalVariablesCallback(0)])
+# The ranks line up first (fit's end takes each its own time, more so on a busy machine);
+# then rank 1 comes to the probe a second late, which rank 0 spends negotiating.
+kdist.allreduce(np.zeros(1), name="line up")
 if kdist.rank() == 1:
-    time.sleep(0.5)
+    time.sleep(1.0)
 kdist.allreduce(np.ones(5), name="probe")
 written = kdist.stop_timeline() if mode == "api" else None
 report({"written": written, "parameters": int(sum(np.prod(w.shape) for w in model.weights))})
