@@ -149,16 +149,16 @@ def main(argv):
     token = os.environ.get(TOKEN_VARIABLE, "")
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                env=env, close_fds=False)
+    host = socket.gethostname()
     if token:
         _pass_on_signals(process)
-        write_record(token, "start", rank=rank, host=socket.gethostname(), pid=process.pid)
+        write_record(token, "start", rank=rank, host=host, pid=process.pid)
     tag = b"" if rank == "0" else f"[{rank}] ".encode()
     relay(process.stdout.fileno(), tag, sys.stdout.buffer, drop=quiet(),
           plain=os.environ.get("KDIST_TTY") == "0")
     code = process.wait()
     if token:
-        write_record(token, "end", rank=rank, host=socket.gethostname(), pid=process.pid,
-                     code=code)
+        write_record(token, "end", rank=rank, host=host, pid=process.pid, code=code)
     if code < 0:
         # Die of the same signal: under fault tolerance the launcher then treats
         # this rank as failed and lets the others go on, whereas an exit status

@@ -246,27 +246,27 @@ def retire_fusion_queue(fortran_handle):
     """
     if _ops_library is None or fortran_handle is None:
         return
-    function = ctypes.CDLL(_ops_library).kdist_fusion_retire
-    function.restype, function.argtypes = None, [ctypes.c_int64]
-    function(int(fortran_handle))
+    _c_function("kdist_fusion_retire", None, [ctypes.c_int64])(int(fortran_handle))
 
 
 def fusion_queue_count():
     """How many communicators have a live fusion queue in this process (0 before the ops load)."""
     if _ops_library is None:
         return 0
-    function = ctypes.CDLL(_ops_library).kdist_fusion_queue_count
-    function.restype, function.argtypes = ctypes.c_int64, []
-    return int(function())
+    return int(_c_function("kdist_fusion_queue_count", ctypes.c_int64, [])())
+
+
+def _c_function(name, restype, argtypes):
+    """One of the ops library's plain C functions, typed."""
+    function = getattr(ctypes.CDLL(_ops_library), name)
+    function.restype, function.argtypes = restype, argtypes
+    return function
 
 
 def _timeline_function(name):
-    function = getattr(ctypes.CDLL(_ops_library), name)
     if name == "kdist_timeline_record":
-        function.restype, function.argtypes = None, [ctypes.c_int64]
-    else:
-        function.restype, function.argtypes = ctypes.c_int64, [ctypes.c_char_p, ctypes.c_int64]
-    return function
+        return _c_function(name, None, [ctypes.c_int64])
+    return _c_function(name, ctypes.c_int64, [ctypes.c_char_p, ctypes.c_int64])
 
 
 def set_timeline_mode(mode):
