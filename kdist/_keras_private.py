@@ -59,6 +59,15 @@ def set_initial_epoch(model, epoch):
     model._initial_epoch = epoch
 
 
+def initial_epoch(model):
+    """The epoch the starting `fit` continues at when a callback set one (Keras's
+    `BackupAndRestore` does when it restores a backup), else None.
+
+    Relies on `Model._initial_epoch`, as `set_initial_epoch`.
+    """
+    return getattr(model, "_initial_epoch", None)
+
+
 def optimizer_iterations(optimizer):
     """The variable behind `optimizer.iterations` where the property returns a value
     rather than the variable (under a loss-scale wrapper).

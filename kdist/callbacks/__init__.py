@@ -8,11 +8,19 @@ from kdist.callbacks.learning_rate import (
     LearningRateWarmupCallback,
     scale_learning_rate,
 )
+from kdist.callbacks.saving import (
+    BackupAndRestore,
+    ModelCheckpoint,
+    save_model,
+    save_weights,
+    writing_once,
+)
 from kdist.callbacks.noise_scale import GradientNoiseScale, estimate_noise_scale
 from kdist.callbacks.tensorboard import TensorBoard
 
 __all__ = [
-    "Agreement", "BroadcastGlobalVariablesCallback", "Checkpoint", "GradientNoiseScale",
+    "Agreement", "BackupAndRestore", "BroadcastGlobalVariablesCallback", "Checkpoint",
+    "GradientNoiseScale", "ModelCheckpoint", "save_model", "save_weights", "writing_once",
     "LearningRateScheduleCallback",
     "LearningRateWarmupCallback", "MetricAverageCallback", "TensorBoard", "latest_checkpoint",
     "estimate_noise_scale", "scale_learning_rate",

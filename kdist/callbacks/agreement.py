@@ -18,7 +18,11 @@ ranks drift apart without a word. `Agreement` keeps them together:
   ranks stop, every rank stops with them, with a warning naming the ranks
   and callbacks; if learning rates or variables differ, every rank raises
   `ValueError` naming the ranks, the first variable that differs and the
-  epoch.
+  epoch;
+- at the start of `fit`, the first callback tells every rank which files
+  the ranks' saving callbacks write, and Keras's own `ModelCheckpoint` and
+  `BackupAndRestore` are run through `kdist.callbacks.writing_once`, so that
+  one rank writes each file (see `kdist.callbacks.saving`).
 
 `install()` arranges this for every `fit` of a model whose ranks train in
 step through kdist (a kdist optimizer, or `kdist.distribute.MPIStrategy`), on
@@ -39,6 +43,7 @@ import numpy as np
 
 from kdist import _args
 from kdist.callbacks import _sync
+from kdist.callbacks import saving
 from kdist.callbacks.broadcast import average_logs
 from kdist.comm import collectives
 from kdist.comm import protocol
@@ -94,9 +99,15 @@ class Agreement:
         if isinstance(callbacks, keras.callbacks.CallbackList):
             raise TypeError("Agreement.around takes a list of callbacks, not a CallbackList.")
         callbacks = list(callbacks or [])
-        wrapped = [_Front(self)]
+        front = _Front(self)
+        wrapped = [front]
         for callback in callbacks:
-            wrapped += [callback, _Sentinel(self._watch, type(callback).__name__)]
+            name = type(callback).__name__
+            if self._collective and saving.writes_on_every_rank(callback):
+                # Left as it is, it would write the same file on every rank at once.
+                callback = saving.writing_once(callback)
+            wrapped += [callback, _Sentinel(self._watch, name)]
+        front.callbacks = wrapped
         return wrapped + [_Back(self, callbacks)]
 
     @property
@@ -151,11 +162,18 @@ class _Front(keras.callbacks.Callback):
         super().__init__()
         self._agreement = agreement
         self._names = None
+        self.callbacks = []
 
     def on_train_begin(self, logs=None):
         self._agreement._watch.reset(self.model)
         self._names = None
         _sync.forget(self.model)
+        saving.forget_paths(self.model)
+        if self._agreement._collective:
+            comm = _sync.comm_of(self.model)
+            if comm.size > 1:
+                # Before the saving callbacks start: who writes which file.
+                saving.share_paths(self.model, self.callbacks, comm)
 
     def on_train_batch_end(self, batch, logs=None):
         # Set before any callback ran: the model's own step stopped training.
@@ -184,6 +202,9 @@ class _Back(keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None):
         self._first_epoch = None
+
+    def on_train_end(self, logs=None):
+        saving.forget_paths(self.model)
 
     def on_epoch_end(self, epoch, logs=None):
         agreement = self._agreement

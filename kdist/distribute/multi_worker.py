@@ -32,9 +32,10 @@ Limits, with several workers:
 * Building the model all-reduces the first batch of each `fit` and
   `evaluate` call once, as Keras asks (cheap for most inputs, a moment for
   large images).
-* Callbacks that write files (ModelCheckpoint, BackupAndRestore,
-  TensorBoard) run on every worker: give workers other than task 0 their
-  own paths.
+* Keras's saving callbacks write on every worker: use
+  `kdist.callbacks.ModelCheckpoint`, `BackupAndRestore` and `save_model`,
+  which write on the chief only. TensorBoard writes on every worker: give
+  workers other than task 0 their own log directories.
 
 Run the same script on every worker, e.g. `kdist launch -n 2 train.py`:
 
