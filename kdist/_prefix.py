@@ -54,14 +54,15 @@ def quiet():
     return None if os.environ.get("KDIST_VERBOSE") else START_UP_NOISE
 
 
-def relay(fd, tag, out, lock=None, drop=None, plain=False):
+def relay(fd, tag, out, lock=None, drop=None, plain=False, untagged=None):
     """Copies everything readable from `fd` to `out`, with `tag` at each line start.
 
     With a `lock` (several relays writing to one `out`), only whole lines are
     written, so that two processes' lines never run into each other; a
     trailing partial line comes out when the stream ends. Whole lines that
     the regular expression `drop` matches are left out; with `plain`, colour
-    codes are removed.
+    codes are removed. Lines that start with `untagged` (the run's records,
+    which `kdist run` takes out) get no tag.
     """
     start_of_line = True
     held = b""
@@ -78,11 +79,11 @@ def relay(fd, tag, out, lock=None, drop=None, plain=False):
         else:
             whole = len(chunk)
         chunk, held = chunk[:whole], chunk[whole:]
-        start_of_line = _write(out, tag, chunk, start_of_line, lock, drop, plain)
-    _write(out, tag, held, start_of_line, lock, drop, plain)
+        start_of_line = _write(out, tag, chunk, start_of_line, lock, drop, plain, untagged)
+    _write(out, tag, held, start_of_line, lock, drop, plain, untagged)
 
 
-def _write(out, tag, chunk, start_of_line, lock, drop=None, plain=False):
+def _write(out, tag, chunk, start_of_line, lock, drop=None, plain=False, untagged=None):
     """Writes `chunk` tagged; returns whether the output now stands at a line start."""
     if plain:
         chunk = COLOUR.sub(b"", chunk)
@@ -95,7 +96,8 @@ def _write(out, tag, chunk, start_of_line, lock, drop=None, plain=False):
             continue
         # A bare carriage return (after backspaces, as Keras redraws a bar) only
         # moves the cursor: tagging it too would leave "[0] [0] ..." in logs.
-        if tag and start_of_line and (not piece.endswith(b"\r") or piece.strip(b"\r\x08")):
+        if (tag and start_of_line and (not piece.endswith(b"\r") or piece.strip(b"\r\x08"))
+                and not (untagged and piece.startswith(untagged))):
             pieces.append(tag)
         pieces.append(piece)
         start_of_line = piece.endswith((b"\n", b"\r"))
@@ -122,6 +124,22 @@ def write_record(token, event, **fields):
     os.write(sys.stdout.fileno(), line)
 
 
+def launcher_rank(environ=None):
+    """This process's rank as its launcher numbered it (a replacement's: the rank it
+    took over, from KDIST_RANK_TAG), as a string; "0" outside a launcher."""
+    environ = os.environ if environ is None else environ
+    return next((environ[v] for v in ("KDIST_RANK_TAG",) + RANK_VARIABLES if v in environ),
+                "0")
+
+
+def tell_run(event, **fields):
+    """Writes a record for `kdist run` from the rank's own process (the wrapper passes
+    it on untagged); nothing outside `kdist run`."""
+    token = os.environ.get(TOKEN_VARIABLE)
+    if token:
+        write_record(token, event, **fields)
+
+
 def _pass_on_signals(process):
     def forward(number, frame):
         with contextlib.suppress(ProcessLookupError):
@@ -139,8 +157,7 @@ def main(argv):
         return 2
     # A rank spawned to replace a lost one is rank 0 of its own MPI job; its
     # rank in the job it joins comes in KDIST_RANK_TAG.
-    rank = next((os.environ[v] for v in ("KDIST_RANK_TAG",) + RANK_VARIABLES
-                 if v in os.environ), "0")
+    rank = launcher_rank()
     # So that an elastic job can start its replacements through this wrapper too.
     env = dict(os.environ, KDIST_PREFIXER=os.path.abspath(__file__))
     # close_fds=False: the command inherits what the launcher handed this
@@ -155,7 +172,8 @@ def main(argv):
         write_record(token, "start", rank=rank, host=host, pid=process.pid)
     tag = b"" if rank == "0" else f"[{rank}] ".encode()
     relay(process.stdout.fileno(), tag, sys.stdout.buffer, drop=quiet(),
-          plain=os.environ.get("KDIST_TTY") == "0")
+          plain=os.environ.get("KDIST_TTY") == "0",
+          untagged=record_marker(token) if token else None)
     code = process.wait()
     if token:
         write_record(token, "end", rank=rank, host=host, pid=process.pid, code=code)

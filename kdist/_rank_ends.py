@@ -55,12 +55,15 @@ class Ends:
     def __init__(self, expected):
         self.expected = int(expected)
         self.ranks = []  # RankEnd, in order of start; a replacement rank adds one more
+        self.world = None  # the ranks an elastic job went on with, once it changed
 
     def add(self, text):
         fields = _fields(text)
         event = text.split(" ", 1)[0]
         rank, pid = fields.get("rank", "?"), fields.get("pid", "?")
-        if event == "start":
+        if event == "world":
+            self.world = [r for r in fields.get("ranks", "").split(",") if r]
+        elif event == "start":
             self.ranks.append(RankEnd(rank, fields.get("host", "?"), pid))
         elif event == "end":
             known = next((r for r in self.ranks if (r.rank, r.pid) == (rank, pid)), None)
@@ -71,6 +74,16 @@ class Ends:
                 known.code = int(fields.get("code", "1"))
             except ValueError:
                 known.code = 1
+
+    def all_ended(self):
+        """Whether every rank the job still counts on has reported its end: the ranks
+        of its last world when it changed (an elastic job), else all of them."""
+        latest = {}
+        for end in self.ranks:
+            latest[end.rank] = end
+        wanted = self.world if self.world is not None else [str(r) for r in range(
+            self.expected)]
+        return all(r in latest and latest[r].code is not None for r in wanted)
 
     def exit_status(self, launcher_status, elastic=False):
         """The job's status: the launcher's when it failed; otherwise non-zero when a rank

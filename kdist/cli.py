@@ -13,14 +13,18 @@
 """
 
 import argparse
+import contextlib
 import json
 import os
 import platform
 import secrets
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
+import threading
+import time
 
 from kdist import _prefix, _rank_ends
 
@@ -204,21 +208,88 @@ def _run_and_report(argv, env, n, elastic, verb):
         argv = argv[:1] + ["-x", _prefix.TOKEN_VARIABLE] + argv[1:]
     ends = _rank_ends.Ends(n)
     process = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE)
+    relayed = {"at_line_start": True}
+
+    def relay():
+        relayed["at_line_start"] = _rank_ends.relay_records(
+            process.stdout.fileno(), sys.stdout.buffer, _prefix.record_marker(token),
+            ends.add)
+
+    relaying = threading.Thread(target=relay, daemon=True)
+    relaying.start()
     try:
-        ended_line = _rank_ends.relay_records(process.stdout.fileno(), sys.stdout.buffer,
-                                              _prefix.record_marker(token), ends.add)
-        launcher = process.wait()
-        if not ended_line:
-            # A bar or a line cut short: the verdict goes on a line of its own.
-            sys.stdout.buffer.write(b"\n")
+        launcher, ended_it = _wait_for_launcher(process, ends)
     except KeyboardInterrupt:
         # The launcher got the same interrupt (one process group) and ends the ranks.
-        launcher = process.wait()
+        launcher, ended_it = process.wait(), False
+    # What the launcher wrote last; a process it left behind may hold the pipe open.
+    relaying.join(LAUNCHER_GRACE)
+    if not relayed["at_line_start"]:
+        # A bar or a line cut short: the verdict goes on a line of its own.
+        sys.stdout.buffer.write(b"\n")
     launcher = launcher if launcher >= 0 else 128 - launcher
-    status = ends.exit_status(launcher, elastic=elastic)
+    status = ends.exit_status(0 if ended_it else launcher, elastic=elastic)
     sys.stdout.flush()
-    print(ends.summary(verb, status, launcher), file=sys.stderr, flush=True)
+    summary = ends.summary(verb, status, status if ended_it else launcher)
+    if ended_it:
+        summary += (f" The launcher had not exited {LAUNCHER_GRACE:g} s after the last of "
+                    "these ended (it waits for a lost host); kdist run ended it.")
+    print(summary, file=sys.stderr, flush=True)
     return status
+
+
+# How long the launcher may outlive the job's last rank: Open MPI's waits for the
+# daemon of a lost host as long as TCP retries what it had sent there (15 minutes).
+LAUNCHER_GRACE = 20.0
+
+
+def _wait_for_launcher(process, ends):
+    """Waits for the launcher; ends it when every rank the job counts on has ended and it
+    lingers past LAUNCHER_GRACE. Returns (its status, whether kdist run ended it)."""
+    all_ended_at = None
+    while True:
+        try:
+            return process.wait(timeout=1.0), False
+        except subprocess.TimeoutExpired:
+            pass
+        if not ends.all_ended():
+            all_ended_at = None
+            continue
+        all_ended_at = all_ended_at or time.monotonic()
+        if time.monotonic() - all_ended_at > LAUNCHER_GRACE:
+            # Its remote-shell clients wait for the lost host too, and hold our output.
+            left_behind = _descendants(process.pid)
+            process.terminate()
+            try:
+                status = process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                status = process.wait()
+            for pid in left_behind:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+            return status, True
+
+
+def _descendants(pid):
+    """The processes below `pid` (Linux's /proc; none elsewhere)."""
+    children = {}
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                # The parent is the second field after the command's closing parenthesis.
+                parent = int(stat.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(parent, []).append(int(entry))
+    found, waiting = [], [pid]
+    while waiting:
+        for child in children.get(waiting.pop(), []):
+            found.append(child)
+            waiting.append(child)
+    return found
 
 
 def _launch(args):

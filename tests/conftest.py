@@ -421,11 +421,15 @@ def mpi_job(mpiexec_path, tmp_path):
     from kdist.cli import mpiexec_command
 
     def run(script, n=2, args=(), timeout=180, check=True, env=None, fault_tolerant=False,
-            mpi_args=(), hosts=None, kdist_run=False):
+            mpi_args=(), hosts=None, kdist_run=False, elastic=False):
         """`hosts`: spread the `n` ranks evenly over that many emulated hosts (see
         tests/emulated_hosts.py), launched from the first as on a cluster. `kdist_run`:
         start the job with `kdist run` (its rank wrapper and its verdict) instead of
-        the launcher itself."""
+        the launcher itself; `elastic`: with `kdist run --elastic`."""
+        if elastic and not kdist_run:
+            raise TypeError("elastic=True runs the job with kdist run --elastic: pass "
+                            "kdist_run=True too (fault_tolerant=True for a plain launcher)")
+        fault_tolerant = "elastic" if elastic else fault_tolerant
         if hosts is not None:
             import emulated_hosts
 
@@ -458,7 +462,8 @@ def mpi_job(mpiexec_path, tmp_path):
         if kdist_run:
             argv = [sys.executable, "-m", "kdist.cli", "run", "-n", str(n), "--mpi-args",
                     shlex.join(str(a) for a in mpi_args)]
-            argv += (["--fault-tolerant"] if fault_tolerant else []) + ["--"] + command
+            argv += ({"elastic": ["--elastic"], True: ["--fault-tolerant"]}.get(
+                fault_tolerant, [])) + ["--"] + command
             full_env = dict(os.environ)
         else:
             argv, full_env = mpiexec_command(n, command, mpiexec=mpiexec_path,

@@ -226,6 +226,46 @@ def test_an_elastic_run_survives_lost_ranks_but_not_a_rank_that_failed():
     assert nobody.exit_status(0, elastic=True) == 1
 
 
+def test_the_job_has_ended_once_the_ranks_it_goes_on_with_have_ended():
+    # kdist run ends a launcher that outlives these by LAUNCHER_GRACE (it waits for a
+    # lost host): tests/test_hosts.py takes a host off the network for the whole story.
+    from kdist._rank_ends import Ends
+
+    ends = Ends(4)
+    for rank in range(4):
+        ends.add(f"start rank={rank} host=h{rank // 2} pid={rank}")
+    assert not ends.all_ended()
+    ends.add("world ranks=0,1")  # an elastic job that lost host h1
+    ends.add("end rank=0 host=h0 pid=0 code=0")
+    assert not ends.all_ended()
+    ends.add("end rank=1 host=h0 pid=1 code=0")
+    assert ends.all_ended()
+    ends.add("world ranks=0,1,2")  # a replacement joins: it counts too
+    assert not ends.all_ended()
+    plain = Ends(2)
+    plain.add("start rank=0 host=h pid=0")
+    plain.add("end rank=0 host=h pid=0 code=0")
+    assert not plain.all_ended()  # rank 1 never even started
+    plain.add("start rank=1 host=h pid=1")
+    plain.add("end rank=1 host=h pid=1 code=3")
+    assert plain.all_ended()
+
+
+def test_a_ranks_own_record_reaches_kdist_run_untagged():
+    import io
+
+    from kdist._prefix import record_marker, relay
+
+    marker = record_marker("t0k")
+    read, write = os.pipe()
+    os.write(write, b"hello\n" + marker + b"world ranks=0,1\nbye\n")
+    os.close(write)
+    out = io.BytesIO()
+    relay(read, b"[1] ", out, untagged=marker)
+    os.close(read)
+    assert out.getvalue() == b"[1] hello\n" + marker + b"world ranks=0,1\n[1] bye\n"
+
+
 def test_run_explains_a_missing_script():
     done = kdist_cli("run", "-n", "2", "no_such_script.py")
     assert done.returncode != 0 and "no such script" in done.stderr

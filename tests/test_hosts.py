@@ -173,6 +173,7 @@ def test_a_search_group_spanning_two_hosts_trains_each_trial_data_parallel(mpi_j
         assert job.rank(rank)["statuses"] == {str(i): "COMPLETED" for i in range(3)}
 
 
+@pytest.mark.slow  # losing a whole host, below, covers it
 def test_an_elastic_job_carries_on_without_a_rank_of_the_other_host(mpi_job):
     """Its own job: a rank of the other emulated host is lost under fault tolerance; the
     processes are the subject.
@@ -183,6 +184,32 @@ def test_an_elastic_job_carries_on_without_a_rank_of_the_other_host(mpi_job):
     assert len(survivors) == 3, job.output[-3000:]
     assert all(out["size"] == 3 and out["epoch"] == 2 for out in survivors)
     assert len({out["weights_sum"] for out in survivors}) == 1
+
+
+@pytest.mark.parametrize("how", ["kill", "unplug"])
+def test_an_elastic_job_carries_on_without_a_whole_host(mpi_job, how):
+    # kill: both ranks of h1 die at once, their daemon lives (a plain launcher under
+    # fault tolerance). unplug: h1 drops off the network, daemon and all, under kdist run
+    # --elastic; Open MPI's launcher then waits for that daemon as long as TCP retries
+    # (15 minutes), and kdist run ends it once the survivors have ended, exiting 0.
+    """Its own job: every rank of the other emulated host is lost at once; the processes
+    and the launcher are the subject.
+    """
+    unplug = how == "unplug"
+    job = mpi_job("elastic_train.py", n=4, hosts=2, fault_tolerant=True, check=False,
+                  timeout=240, kdist_run=unplug, elastic=unplug,
+                  args=["--lose-rank", "2,3", "--how", how, "--at-batch", 10])
+    survivors = [job.results[r] for r in sorted(job.results) if "size" in job.results[r]]
+    assert len(survivors) == 2, job.output[-3000:]
+    assert all(out["size"] == 2 and out["epoch"] == 2 for out in survivors)
+    assert all(out["sizes_at_reset"] == [2] for out in survivors)
+    assert len({out["weights_sum"] for out in survivors}) == 1
+    if unplug:
+        assert job.returncode == 0, job.output[-3000:]
+        last = job.output.replace("\0", "").strip().splitlines()[-1]
+        assert last.startswith("kdist run: exit status 0: ranks 0-1 ended cleanly; ranks "
+                               "2-3 never reported"), last
+        assert "kdist run ended it" in last, last
 
 
 def test_readmes_main_job_runs_across_two_hosts(mpi_job):

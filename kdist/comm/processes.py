@@ -12,6 +12,7 @@ import os
 import socket
 import sys
 
+from kdist import _prefix
 from kdist.comm import job as _job
 from kdist.comm.communicator import (  # noqa: F401  (names re-exported)
     REDUCE_OPS,
@@ -319,7 +320,12 @@ def replace_world(mpi_comm):
         _state.watch = None
         if _state.thread_level == MPI.THREAD_MULTIPLE and world.size > 1:
             _state.watch = mpi_comm.Dup()
-        _state.hosts = _host_names(mpi_comm)
+        gathered = mpi_comm.allgather((socket.gethostname(), _prefix.launcher_rank()))
+        _state.hosts = [host for host, _ in gathered]
+    if world.rank == 0:
+        # So that `kdist run` knows which ranks the job goes on with, and does not wait
+        # for a launcher that waits for a lost host once these have ended.
+        _prefix.tell_run("world", ranks=",".join(rank for _, rank in gathered))
     if world.size > 1:
         watchdog.start_monitor(world, _state.watch)
 

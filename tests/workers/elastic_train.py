@@ -1,7 +1,10 @@
 """Elastic training on the digits data; one rank dies or leaves at a chosen batch.
 
-    elastic_train.py [--lose-rank R] [--at-batch B] [--how kill|stop|leave|raise]
-                     [--epochs E] [--commit-every C]
+    elastic_train.py [--lose-rank R[,R...]] [--at-batch B]
+                     [--how kill|stop|leave|raise|unplug] [--epochs E] [--commit-every C]
+
+`unplug`: the first rank listed takes its emulated host off the network
+(tests/emulated_hosts.py), so that every rank of that host is lost at once.
 
 Each survivor reports its final size, epoch counter, sizes seen by the reset
 callbacks, optimizer iterations, weights and loss on the whole data.
@@ -10,6 +13,8 @@ callbacks, optimizer iterations, weights and loss on the whole data.
 import argparse
 import os
 import signal
+import socket
+import subprocess
 
 import keras
 import numpy as np
@@ -19,9 +24,11 @@ import kdist
 from workers.common import flat_weights, report
 
 parser = argparse.ArgumentParser()
-parser.add_argument("--lose-rank", type=int, default=-1)
+parser.add_argument("--lose-rank", default="-1",
+                    type=lambda text: [int(rank) for rank in text.split(",")])
 parser.add_argument("--at-batch", type=int, default=10)
-parser.add_argument("--how", choices=("kill", "stop", "leave", "raise"), default="kill")
+parser.add_argument("--how", choices=("kill", "stop", "leave", "raise", "unplug"),
+                    default="kill")
 parser.add_argument("--epochs", type=int, default=2)
 parser.add_argument("--commit-every", type=int, default=4)
 parser.add_argument("--path", choices=("optimizer", "strategy"), default="optimizer")
@@ -76,8 +83,12 @@ class LoseOneRank(keras.callbacks.Callback):
             if not os.path.exists(marker):
                 open(marker, "w").close()
                 os.kill(os.getpid(), signal.SIGKILL)
-        if (kdist.rank() != args.lose_rank or sizes_at_reset or replacement
+        if (kdist.rank() not in args.lose_rank or sizes_at_reset or replacement
                 or len(batches_seen) != args.at_batch):
+            return
+        if args.how == "unplug":
+            if kdist.rank() == args.lose_rank[0]:
+                unplug_my_host()
             return
         if args.how == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
@@ -86,6 +97,13 @@ class LoseOneRank(keras.callbacks.Callback):
         if args.how == "leave":
             raise kdist.elastic.FatalToThisRank("this rank's device is gone")
         raise ValueError("a bug on one rank")
+
+
+def unplug_my_host():
+    host = int(socket.gethostname().lstrip("h"))
+    switch, prefix = os.environ["KDIST_TEST_SWITCH"], os.environ["KDIST_TEST_HOSTS"]
+    print(f"rank {kdist.rank()} pulls the cable of host h{host}", flush=True)
+    subprocess.run(["ip", "-n", switch, "link", "set", f"{prefix}p{host}", "down"], check=True)
 
 
 callbacks = [kdist.elastic.CommitStateCallback(state, batches_per_commit=args.commit_every),
