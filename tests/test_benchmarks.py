@@ -90,6 +90,30 @@ def test_fault_matrix_benchmark_reports_each_case_and_the_totals(mpiexec_path):
                       "finished": 1}
 
 
+def test_host_fault_matrix_benchmark_reports_a_cell_and_the_totals(mpiexec_path):
+    import emulated_hosts
+
+    why_not = emulated_hosts.available()
+    if why_not:
+        pytest.skip(why_not)
+    done = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "benchmarks", "host_faults.py"), "--hosts", "2",
+         "--faults", "kill_rank", "--launchers", "kdist_run", "--modes", "elastic",
+         "--epochs", "8", "--at", "10", "--timeout", "150"],
+        capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    cell, totals = lines[0], lines[-1]
+    assert (cell["hosts"], cell["fault"], cell["launcher"], cell["mode"]) == (
+        2, "kill_rank", "kdist_run", "elastic")
+    # The second host's rank is lost; rank 0 finishes alone and the run says so.
+    assert not cell["hung"] and cell["exit_status"] == 0 and cell["finished"] == [0], cell
+    assert cell["why"].startswith("kdist run: exit status 0: rank 0 ended cleanly; rank 1 "), cell
+    assert "| 2 | kill_rank | kdist_run | elastic |" in done.stdout
+    assert totals == {"cells": 1, "hung": 0, "failed_but_exit_0": 0, "corrupt_checkpoints": 0,
+                      "ranks_disagree": 0}
+
+
 @pytest.mark.slow
 def test_weak_scaling_benchmark_compares_all_cases_in_one_run(mpiexec_path):
     done = subprocess.run(
