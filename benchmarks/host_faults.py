@@ -2,7 +2,7 @@
 
     python benchmarks/host_faults.py [--hosts 2,3] [--faults link_down,...]
         [--launchers kdist_run,mpiexec] [--modes plain,elastic]
-        [--at 12] [--epochs 20] [--timeout 180]
+        [--at 12] [--epochs 20] [--timeout 180] [--logs DIR]
 
 Needs root: the hosts are network namespaces on this machine (tests/emulated_hosts.py),
 one rank each, joined by a switch; TCP is the only path between them, and ranks on the
@@ -21,10 +21,11 @@ seconds after its start the last host suffers one fault:
 
 Launchers: `kdist_run` (`kdist run`, with `--elastic` for elastic jobs) and `mpiexec`
 (Open MPI's, with `--with-ft ulfm` for elastic jobs), with the same settings; ranks get
-`KDIST_PEER_TIMEOUT=30` and `KDIST_COLLECTIVE_TIMEOUT=60` so that a cell takes minutes,
-not the defaults' 2 and 5. Per cell: seconds to end (or `--timeout`, ended by the
-benchmark: a hang), the exit status, the last message that says why, the ranks that
-finished and whether their losses agree, and checkpoint files that do not load.
+`KDIST_PEER_TIMEOUT=30`, `KDIST_COLLECTIVE_TIMEOUT=60` and `KDIST_START_TIMEOUT=60`
+(defaults: 120 s, none, 600 s), so that a cell takes a minute or two. Per cell: seconds
+to end (or `--timeout`, ended by the benchmark: a hang), the exit status, the last
+message that says why, the ranks that finished and whether their losses agree, and
+checkpoint files that do not load.
 
 Prints one JSON object per cell, then a Markdown table.
 """
@@ -52,6 +53,7 @@ from faults import corrupt_checkpoints  # noqa: E402
 WORKER = os.path.join(HERE, "_fault_worker.py")
 FAULTS = ("link_down", "link_flap", "slow_link", "stop_host", "kill_daemon", "kill_rank")
 SETTINGS = {"KDIST_PEER_TIMEOUT": "30", "KDIST_COLLECTIVE_TIMEOUT": "60",
+            "KDIST_START_TIMEOUT": "60",
             "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONUNBUFFERED": "1"}
 # Lines that say why a job ended, most telling first.
 WHY = [re.compile(p) for p in (
@@ -170,6 +172,11 @@ def run_cell(count, fault, launcher, mode, args):
     saved = len(os.listdir(checkpoints))
     shutil.rmtree(out, ignore_errors=True)
     shutil.rmtree(checkpoints, ignore_errors=True)
+    if args.logs:
+        os.makedirs(args.logs, exist_ok=True)
+        name = f"{count}-{fault}-{launcher}-{mode}.log"
+        with open(os.path.join(args.logs, name), "w") as stream:
+            stream.write("\n".join(lines) + "\n")
     losses = {round(r["loss"], 6) for r in reports.values()}
     return {"hosts": count, "fault": fault, "launcher": launcher, "mode": mode,
             "seconds": round(seconds, 1), "hung": hung, "exit_status": None if hung else status,
@@ -214,6 +221,8 @@ def main():
                         help="seconds after the launch at which the fault comes")
     parser.add_argument("--epochs", type=int, default=20)
     parser.add_argument("--timeout", type=float, default=180.0)
+    parser.add_argument("--logs", default=None,
+                        help="a directory to keep each cell's output in")
     args = parser.parse_args()
     import emulated_hosts
 

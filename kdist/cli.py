@@ -94,7 +94,11 @@ def mpiexec_command(nprocs, command, mpiexec=None, extra=(), fault_tolerant=Fals
                 and not places_ranks_elsewhere(extra, env)):
             # Only on this machine: on a cluster it would hide a slot miscount.
             argv.append("--oversubscribe")
-        if places_ranks_elsewhere(extra, env) and not any("keepalive" in a for a in extra):
+        if (places_ranks_elsewhere(extra, env) and not fault_tolerant
+                and not any("keepalive" in a for a in extra)):
+            # Not for a job that survives losses: this launcher ends the whole job once
+            # it notices a lost daemon, so the later it does, the longer the survivors
+            # of a lost host train (kdist run ends the launcher after them).
             argv += DAEMON_KEEPALIVE_ARGS
         if fault_tolerant:
             argv += FAULT_TOLERANCE_ARGS

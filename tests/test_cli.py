@@ -39,6 +39,11 @@ def test_oversubscribe_only_when_every_rank_runs_on_this_machine(mpiexec_path):
         assert argv[argv.index("oob_tcp_keepalive_time") + 1] == "10"
     argv, _ = cli.mpiexec_command(2, ["python", "x.py"], mpiexec=mpiexec_path)
     assert "oob_tcp_keepalive_time" not in argv  # one machine: nothing to lose
+    # A job that survives losses keeps Open MPI's 8 minutes: noticing a lost daemon, this
+    # launcher ends every rank, the survivors too.
+    argv, _ = cli.mpiexec_command(4, ["python", "x.py"], mpiexec=mpiexec_path,
+                                  extra=["-H", "a:2,b:2"], fault_tolerant=True)
+    assert "oob_tcp_keepalive_time" not in argv
     assert cli.places_ranks_elsewhere([], {"SLURM_JOB_NUM_NODES": "4"})
     assert not cli.places_ranks_elsewhere(["--bind-to", "core"], {"SLURM_JOB_NUM_NODES": "1"})
 

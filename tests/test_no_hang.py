@@ -1,6 +1,7 @@
 """No hang, anywhere: a stopped rank ends the job within the timeout, naming it."""
 
 import socket
+import time
 
 import pytest
 
@@ -66,3 +67,25 @@ def test_a_rank_whose_script_ends_makes_the_waiting_rank_fail_at_once(mpi_job):
     assert "rank 1: leaving the job: its script ended" in error, error
     assert "Usually a rank left a loop early" in error
     assert "[kdist rank 0] aborting the job" in job.output
+
+
+STARTS_LATE = """
+import os, time
+if os.environ.get("OMPI_COMM_WORLD_RANK") == "1":
+    time.sleep(120)  # as a rank stopped or lost while the job starts
+import kdist
+kdist.init()
+"""
+
+
+def test_a_rank_that_never_starts_ends_the_others_start_after_the_start_timeout(mpi_job):
+    # kdist's watchdog starts only once kdist.init() is done, and MPI_Init waits for every
+    # rank: the start-up clock ends rank 0, and its launcher ends the job.
+    """Its own job: a rank is missing while the others start; how they end is the subject."""
+    started = time.monotonic()
+    job = mpi_job(STARTS_LATE, n=2, check=False, timeout=100,
+                  env={"KDIST_START_TIMEOUT": "20"})
+    assert time.monotonic() - started < 90
+    assert job.returncode != 0
+    assert ("[kdist rank 0] kdist.init() has waited 20 s for the job's other ranks to start "
+            "(KDIST_START_TIMEOUT)") in job.output, job.output[-3000:]

@@ -10,6 +10,7 @@ script's own MPI messages can never meet kdist's.
 import logging
 import os
 import socket
+import subprocess
 import sys
 
 from kdist import _prefix
@@ -141,6 +142,17 @@ def init(comm=None, process_sets=None):
         >>> kdist.rank(), kdist.size()
         (0, 1)
     """
+    starting = None
+    if not _state.initialized and (comm is not None or launched_by_mpi()):
+        starting = _StartDeadline()
+    try:
+        _init(comm, process_sets)
+    finally:
+        if starting is not None:
+            starting.cancel()
+
+
+def _init(comm, process_sets):
     with _state.lock:
         if _state.initialized:
             if comm is not None:
@@ -225,6 +237,56 @@ def init(comm=None, process_sets=None):
     if world.size > 1:
         logger.debug("kdist started: rank %d of %d (local %d of %d)",
                      world.rank, world.size, local.rank, local.size)
+
+
+DEFAULT_START_TIMEOUT = 600.0
+
+
+class _StartDeadline:
+    """Ends this rank when starting kdist (MPI's start-up and kdist's first exchanges,
+    which wait for every rank) takes longer than KDIST_START_TIMEOUT seconds (default
+    600; 0: no limit). A rank that died or stopped while the job started, before
+    kdist's watchdog runs, would otherwise leave the others waiting in MPI_Init for
+    ever, under a fault-tolerant launcher that does not end the job for it.
+
+    The clock is a small process of its own: MPI_Init runs inside mpi4py's import,
+    which holds the interpreter, so no thread of this one could act."""
+
+    def __init__(self):
+        text = os.environ.get("KDIST_START_TIMEOUT", "")
+        try:
+            self.seconds = float(text) if text.strip() else DEFAULT_START_TIMEOUT
+        except ValueError:
+            raise ValueError(f"KDIST_START_TIMEOUT must be a number of seconds; got {text!r}.")
+        self._clock = None
+        if self.seconds > 0:
+            message = (f"[kdist rank {_prefix.launcher_rank()}] kdist.init() has waited "
+                       f"{self.seconds:g} s for the job's other ranks to start "
+                       "(KDIST_START_TIMEOUT): a rank that died or stopped while starting, "
+                       "or a host that cannot be reached; ending this rank.")
+            self._clock = subprocess.Popen(
+                [sys.executable, "-I", "-c", _START_CLOCK, str(os.getpid()),
+                 str(self.seconds), message], stdin=subprocess.DEVNULL)
+
+    def cancel(self):
+        if self._clock is not None:
+            self._clock.kill()
+            self._clock.wait()
+
+
+# The start-up clock: kills its parent when the time is up, and leaves if the parent did.
+_START_CLOCK = """
+import os, signal, sys, time
+parent, seconds, message = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
+deadline = time.monotonic() + seconds
+while time.monotonic() < deadline:
+    time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
+    if os.getppid() != parent:
+        sys.exit(0)
+sys.stderr.write(message + "\\n")
+sys.stderr.flush()
+os.kill(parent, signal.SIGKILL)
+"""
 
 
 REPLACEMENT_VARIABLE = "KDIST_ELASTIC_REPLACEMENT"
