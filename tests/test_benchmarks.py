@@ -90,6 +90,27 @@ def test_fault_matrix_benchmark_reports_each_case_and_the_totals(mpiexec_path):
                       "finished": 1}
 
 
+def test_host_fault_matrix_benchmark_tells_why_a_job_ended_and_tabulates_it():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "host_faults", os.path.join(ROOT, "benchmarks", "host_faults.py"))
+    host_faults = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(host_faults)
+    noise = "I0000 00:00:1796602842.229911    4437 cudart_stub.cc:31] Could not find cuda"
+    verdict = "kdist run: exit status 1: rank 1 was killed by SIGKILL on host h1."
+    assert host_faults._why(["[kdist 0] WARNING 1 rank(s) lost; carrying on with 1",
+                             verdict, noise]) == verdict
+    assert host_faults._why([noise, "[1] " + noise]) == ""
+    row = {"hosts": 2, "fault": "link_down", "launcher": "mpiexec", "mode": "plain",
+           "seconds": 180.0, "hung": True, "exit_status": None, "finished": [],
+           "ranks_agree": True, "checkpoints": 2, "corrupt_checkpoints": 0, "why": "a|b"}
+    line = host_faults.table([row]).splitlines()[-1]
+    assert line == ("| 2 | link_down | mpiexec | plain | hung, ended at 180.0 | - | none | yes "
+                    "| 0 of 2 | a/b |")
+
+
+@pytest.mark.slow  # the whole-host tests of tests/test_hosts.py check what a cell shows
 def test_host_fault_matrix_benchmark_reports_a_cell_and_the_totals(mpiexec_path):
     import emulated_hosts
 
@@ -99,8 +120,8 @@ def test_host_fault_matrix_benchmark_reports_a_cell_and_the_totals(mpiexec_path)
     done = subprocess.run(
         [sys.executable, os.path.join(ROOT, "benchmarks", "host_faults.py"), "--hosts", "2",
          "--faults", "kill_rank", "--launchers", "kdist_run", "--modes", "elastic",
-         "--epochs", "8", "--at", "10", "--timeout", "150"],
-        capture_output=True, text=True, timeout=300)
+         "--epochs", "40", "--at", "30", "--timeout", "200"],
+        capture_output=True, text=True, timeout=400)
     assert done.returncode == 0, done.stderr[-3000:]
     lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     cell, totals = lines[0], lines[-1]
