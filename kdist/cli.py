@@ -263,7 +263,8 @@ def _wait_for_launcher(process, ends):
         if time.monotonic() - all_ended_at > LAUNCHER_GRACE:
             # Its remote-shell clients wait for the lost host too, and hold our output.
             left_behind = _descendants(process.pid)
-            process.terminate()
+            with contextlib.suppress(ProcessLookupError):  # it may end just now
+                process.terminate()
             try:
                 status = process.wait(timeout=10)
             except subprocess.TimeoutExpired:
