@@ -57,7 +57,9 @@ SETTINGS = {"KDIST_PEER_TIMEOUT": "30", "KDIST_COLLECTIVE_TIMEOUT": "60",
             "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONUNBUFFERED": "1"}
 # Lines that say why a job ended, most telling first.
 WHY = [re.compile(p) for p in (
-    r"kdist run: exit status .*", r"aborting the job: .*", r"lost communication .*",
+    r"kdist run: exit status .*", r"The training finished, but the launcher .*",
+    r"kdist\.init\(\) has waited .*", r"aborting the job: .*", r"lost communication .*",
+    r"Ranks of this job were lost; ending it with MPI_Abort\(0\)",
     r"rank\(s\) lost; carrying on with \d+", r"answered none of kdist's questions.*",
     r"PRTE has lost communication.*", r"ULFM.*|MPI_ERR_PROC_FAILED.*")]
 
@@ -189,9 +191,13 @@ def _why(lines):
         for line in reversed(lines):
             found = pattern.search(line)
             if found:
-                return found.group(0)[:240]
+                return _printable(found.group(0))
     said = [line for line in lines if line.strip() and not NOISE.search(line)]
-    return said[-1][:240] if said else ""
+    return _printable(said[-1]) if said else ""
+
+
+def _printable(text):
+    return "".join(c for c in text if c.isprintable())[:240]
 
 
 # TensorFlow's start-up lines, which a plain launcher passes on from every rank.

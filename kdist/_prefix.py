@@ -116,12 +116,22 @@ def record_marker(token):
     return f"\x1ekdist-run:{token}:".encode()
 
 
+def _line(token, event, fields):
+    text = " ".join([event] + [f"{name}={value}" for name, value in fields.items()])
+    return record_marker(token) + text.encode()
+
+
 def write_record(token, event, **fields):
     """One whole line, `<marker><event> name=value ...`, in a single write to standard output."""
-    text = " ".join([event] + [f"{name}={value}" for name, value in fields.items()])
-    line = record_marker(token) + text.encode() + b"\n"
     sys.stdout.flush()
-    os.write(sys.stdout.fileno(), line)
+    os.write(sys.stdout.fileno(), _line(token, event, fields) + b"\n")
+
+
+def record_text(event, **fields):
+    """The line (without its end) `tell_run` would write now, for a process that writes it
+    later; "" outside `kdist run`."""
+    token = os.environ.get(TOKEN_VARIABLE)
+    return _line(token, event, fields).decode() if token else ""
 
 
 def launcher_rank(environ=None):

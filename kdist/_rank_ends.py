@@ -22,11 +22,15 @@ class RankEnd:
     host: str = "?"
     pid: str = "?"
     code: int = None  # None: started, never reported an end
+    gave_up_starting: bool = False  # its start-up clock ran out (KDIST_START_TIMEOUT)
 
     def clean(self):
-        return self.code == 0
+        return self.code == 0 and not self.gave_up_starting
 
     def how(self):
+        if self.gave_up_starting:
+            return (f"gave up waiting for the others to start (KDIST_START_TIMEOUT) on host "
+                    f"{self.host}")
         if self.code is None:
             return f"never reported its end (host {self.host}: lost, or the rank was killed " \
                    f"with its wrapper)"
@@ -56,6 +60,7 @@ class Ends:
         self.expected = int(expected)
         self.ranks = []  # RankEnd, in order of start; a replacement rank adds one more
         self.world = None  # the ranks an elastic job went on with, once it changed
+        self.cannot_start = False  # a rank's start-up clock ran out: the job cannot go on
 
     def add(self, text):
         fields = _fields(text)
@@ -65,11 +70,14 @@ class Ends:
             self.world = [r for r in fields.get("ranks", "").split(",") if r]
         elif event == "start":
             self.ranks.append(RankEnd(rank, fields.get("host", "?"), pid))
-        elif event == "end":
+        elif event in ("end", "start-timeout"):
             known = next((r for r in self.ranks if (r.rank, r.pid) == (rank, pid)), None)
             if known is None:
                 known = RankEnd(rank, fields.get("host", "?"), pid)
                 self.ranks.append(known)
+            if event == "start-timeout":
+                known.gave_up_starting = self.cannot_start = True
+                return
             try:
                 known.code = int(fields.get("code", "1"))
             except ValueError:
@@ -92,6 +100,8 @@ class Ends:
         rank ended cleanly."""
         if launcher_status != 0:
             return launcher_status
+        if self.cannot_start:
+            return 1
         failed = [r for r in self.ranks if r.code not in (0, None) and r.code > 0]
         if elastic:
             if failed:

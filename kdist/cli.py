@@ -235,7 +235,9 @@ def _run_and_report(argv, env, n, elastic, verb):
     status = ends.exit_status(0 if ended_it else launcher, elastic=elastic)
     sys.stdout.flush()
     summary = ends.summary(verb, status, status if ended_it else launcher)
-    if ended_it:
+    if ended_it and ends.cannot_start:
+        summary += " The job could not start; kdist run ended its launcher."
+    elif ended_it:
         summary += (f" The launcher had not exited {LAUNCHER_GRACE:g} s after the last of "
                     "these ended (it waits for a lost host); kdist run ended it.")
     print(summary, file=sys.stderr, flush=True)
@@ -245,22 +247,27 @@ def _run_and_report(argv, env, n, elastic, verb):
 # How long the launcher may outlive the job's last rank: Open MPI's waits for the
 # daemon of a lost host as long as TCP retries what it had sent there (15 minutes).
 LAUNCHER_GRACE = 20.0
+# Long enough for the other ranks' start-up clocks, which run out at about the same time.
+START_FAILED_GRACE = 5.0
 
 
 def _wait_for_launcher(process, ends):
     """Waits for the launcher; ends it when every rank the job counts on has ended and it
-    lingers past LAUNCHER_GRACE. Returns (its status, whether kdist run ended it)."""
+    lingers past LAUNCHER_GRACE, or START_FAILED_GRACE after a rank gave up waiting for
+    the others to start (a fault-tolerant launcher would wait for them for ever).
+    Returns (its status, whether kdist run ended it)."""
     all_ended_at = None
     while True:
         try:
             return process.wait(timeout=1.0), False
         except subprocess.TimeoutExpired:
             pass
-        if not ends.all_ended():
+        if not (ends.all_ended() or ends.cannot_start):
             all_ended_at = None
             continue
         all_ended_at = all_ended_at or time.monotonic()
-        if time.monotonic() - all_ended_at > LAUNCHER_GRACE:
+        grace = START_FAILED_GRACE if ends.cannot_start else LAUNCHER_GRACE
+        if time.monotonic() - all_ended_at > grace:
             # Its remote-shell clients wait for the lost host too, and hold our output.
             left_behind = _descendants(process.pid)
             with contextlib.suppress(ProcessLookupError):  # it may end just now

@@ -256,6 +256,32 @@ def test_the_job_has_ended_once_the_ranks_it_goes_on_with_have_ended():
     assert plain.all_ended()
 
 
+def test_a_rank_that_gave_up_starting_fails_even_an_elastic_run(monkeypatch):
+    # Its start-up clock (kdist.comm.processes._StartDeadline) writes the record from a
+    # process of its own, then kills the rank; a fault-tolerant launcher would wait for
+    # the ranks that never started, so kdist run ends it at once.
+    from kdist import _prefix
+    from kdist._rank_ends import Ends
+
+    monkeypatch.setenv(_prefix.TOKEN_VARIABLE, "t0k")
+    line = _prefix.record_text("start-timeout", rank=0, host="h0", pid=5)
+    assert line.encode().startswith(_prefix.record_marker("t0k"))
+    ends = Ends(2)
+    ends.add("start rank=0 host=h0 pid=5")
+    ends.add("start rank=1 host=h1 pid=6")
+    assert not ends.cannot_start
+    ends.add(line[len(_prefix.record_marker("t0k")):])
+    ends.add("end rank=0 host=h0 pid=5 code=-9")
+    assert ends.cannot_start and not ends.all_ended()
+    assert ends.exit_status(0, elastic=True) == 1
+    summary = ends.summary("run", 1, 0)
+    assert "rank 0 gave up waiting for the others to start (KDIST_START_TIMEOUT) on host h0" \
+        in summary
+    assert "rank 1 never reported its end" in summary
+    monkeypatch.delenv(_prefix.TOKEN_VARIABLE)
+    assert _prefix.record_text("start-timeout", rank=0) == ""
+
+
 def test_a_ranks_own_record_reaches_kdist_run_untagged():
     import io
 

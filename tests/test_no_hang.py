@@ -78,14 +78,25 @@ kdist.init()
 """
 
 
-def test_a_rank_that_never_starts_ends_the_others_start_after_the_start_timeout(mpi_job):
+@pytest.mark.parametrize("launch", ["mpiexec, fault tolerant", "kdist run --elastic"])
+def test_a_rank_that_never_starts_ends_the_job_after_the_start_timeout(mpi_job, launch):
     # kdist's watchdog starts only once kdist.init() is done, and MPI_Init waits for every
-    # rank: the start-up clock ends rank 0, and its launcher ends the job.
+    # rank: the start-up clock ends rank 0. A fault-tolerant launcher would let the job go
+    # on without it, waiting for rank 1 for ever: the clock ends that launcher too, or
+    # tells kdist run, which ends it. (A launcher without fault tolerance ends the job as
+    # soon as rank 0 is gone.)
     """Its own job: a rank is missing while the others start; how they end is the subject."""
     started = time.monotonic()
     job = mpi_job(STARTS_LATE, n=2, check=False, timeout=100,
-                  env={"KDIST_START_TIMEOUT": "20"})
-    assert time.monotonic() - started < 90
+                  env={"KDIST_START_TIMEOUT": "10"}, fault_tolerant=True,
+                  kdist_run=launch.startswith("kdist"), elastic=launch.endswith("elastic"))
+    assert time.monotonic() - started < 60, "rank 1 sleeps 120 s: the job was ended"
     assert job.returncode != 0
-    assert ("[kdist rank 0] kdist.init() has waited 20 s for the job's other ranks to start "
+    assert ("[kdist rank 0] kdist.init() has waited 10 s for the job's other ranks to start "
             "(KDIST_START_TIMEOUT)") in job.output, job.output[-3000:]
+    if launch.startswith("kdist"):
+        assert ("rank 0 gave up waiting for the others to start (KDIST_START_TIMEOUT)"
+                in job.output), job.output[-3000:]
+        assert "The job could not start; kdist run ended its launcher." in job.output
+    else:
+        assert "ending this rank and the job's launcher" in job.output

@@ -7,7 +7,10 @@ around them, and that wait can last forever; a job whose training finished
 then hangs at exit. So when some rank of the world has died, a surviving
 process that ends normally waits for the other survivors (a shrunk
 communicator and a barrier, for at most `KDIST_EXIT_TIMEOUT` seconds,
-default 30) and then leaves without `MPI_Finalize`, with status 0.
+default 30) and then leaves without `MPI_Finalize`, with status 0. Under a
+plain `mpiexec` the survivors leave through `MPI_Abort(0)`: the launcher
+would otherwise wait for lost ranks that never end (a stopped process, a host
+that cannot be reached), and the abort has it end them and exit 0.
 
 Leaving early is not an option on its own: the launcher ends the whole job
 when the first survivor exits without finalizing, killing survivors that
@@ -24,6 +27,8 @@ import logging
 import os
 import sys
 import time
+
+from kdist import _prefix
 
 logger = logging.getLogger(__name__)
 
@@ -103,7 +108,43 @@ def leave_if_ranks_died(timeout=None):
         # rank: its launcher expects MPI_Finalize, which no longer waits for
         # anyone once the others met it here.
         return
+    # A plain launcher waits for every lost rank that has not ended, and one on a stopped
+    # or unreachable host never does; MPI_Abort with status 0 has it end them and exit 0.
+    # `kdist run` ends such a launcher itself once the survivors have.
+    through_abort = not _joined and not os.environ.get(_prefix.TOKEN_VARIABLE)
+    if through_abort:
+        logger.warning("Ranks of this job were lost; ending it with MPI_Abort(0) (the "
+                       "training finished, this is no error) so that the launcher does not "
+                       "wait for them.")
+        _watch_the_launcher()
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
+    if through_abort:
+        MPI.COMM_WORLD.Abort(0)
     os._exit(0)
+
+
+# How long the launcher may take to end the job after the survivors' MPI_Abort.
+LAUNCHER_GRACE = 20.0
+
+
+def _watch_the_launcher():
+    """On the launcher's host, leaves a clock (kdist/comm/_clock.py) that ends the launcher
+    if it still waits LAUNCHER_GRACE seconds after the abort: Open MPI's waits for the
+    daemon of a host it cannot reach (a partition) until TCP gives up, 15 minutes."""
+    import subprocess
+
+    from kdist.comm import _clock
+
+    launcher = _clock.launcher_above(os.getpid(), _clock.HEAD_LAUNCHERS)
+    if launcher is None:
+        return
+    message = (f"[kdist] The training finished, but the launcher (pid {launcher}) still "
+               f"waited for lost ranks {LAUNCHER_GRACE:g} s after it was told to end the "
+               "job (a host it cannot reach); ending it, so its exit status is not 0.")
+    # A session of its own: the launcher ends the rank's process group with it.
+    subprocess.Popen([sys.executable, "-I", _clock.__file__, "--parent", str(os.getpid()),
+                      "--launcher", str(launcher), "--launcher-grace", str(LAUNCHER_GRACE),
+                      "--launcher-message", message], stdin=subprocess.DEVNULL,
+                     start_new_session=True)

@@ -247,46 +247,47 @@ class _StartDeadline:
     which wait for every rank) takes longer than KDIST_START_TIMEOUT seconds (default
     600; 0: no limit). A rank that died or stopped while the job started, before
     kdist's watchdog runs, would otherwise leave the others waiting in MPI_Init for
-    ever, under a fault-tolerant launcher that does not end the job for it.
+    ever.
+
+    A launcher ends the job once a rank is gone, except a fault-tolerant one, which lets
+    the others go on: there the clock ends the job itself, through `kdist run` (a record
+    that the job cannot start) or, under a plain `mpiexec`, by ending the launcher
+    process above this rank (Open MPI's `prterun`, or its daemon `prted` on another host).
 
     The clock is a small process of its own: MPI_Init runs inside mpi4py's import,
     which holds the interpreter, so no thread of this one could act."""
 
     def __init__(self):
+        from kdist.comm import _clock, ending
+
         text = os.environ.get("KDIST_START_TIMEOUT", "")
         try:
             self.seconds = float(text) if text.strip() else DEFAULT_START_TIMEOUT
         except ValueError:
             raise ValueError(f"KDIST_START_TIMEOUT must be a number of seconds; got {text!r}.")
         self._clock = None
-        if self.seconds > 0:
-            message = (f"[kdist rank {_prefix.launcher_rank()}] kdist.init() has waited "
-                       f"{self.seconds:g} s for the job's other ranks to start "
-                       "(KDIST_START_TIMEOUT): a rank that died or stopped while starting, "
-                       "or a host that cannot be reached; ending this rank.")
-            self._clock = subprocess.Popen(
-                [sys.executable, "-I", "-c", _START_CLOCK, str(os.getpid()),
-                 str(self.seconds), message], stdin=subprocess.DEVNULL)
+        if self.seconds <= 0:
+            return
+        under_run = bool(os.environ.get(_prefix.TOKEN_VARIABLE))
+        launcher = _clock.launcher_above(os.getpid()) if (
+            ending.fault_tolerant() and not under_run) else None
+        message = (f"[kdist rank {_prefix.launcher_rank()}] kdist.init() has waited "
+                   f"{self.seconds:g} s for the job's other ranks to start "
+                   "(KDIST_START_TIMEOUT): a rank that died or stopped while starting, "
+                   "or a host that cannot be reached; ending this rank"
+                   + (" and the job's launcher, which under fault tolerance would wait"
+                      if launcher else "") + ".")
+        record = _prefix.record_text("start-timeout", rank=_prefix.launcher_rank(),
+                                     host=socket.gethostname(), pid=os.getpid())
+        self._clock = subprocess.Popen(
+            [sys.executable, "-I", _clock.__file__, "--parent", str(os.getpid()),
+             "--after", str(self.seconds), "--message", message, "--record", record,
+             "--kill-parent", "--launcher", str(launcher or 0)], stdin=subprocess.DEVNULL)
 
     def cancel(self):
         if self._clock is not None:
             self._clock.kill()
             self._clock.wait()
-
-
-# The start-up clock: kills its parent when the time is up, and leaves if the parent did.
-_START_CLOCK = """
-import os, signal, sys, time
-parent, seconds, message = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
-deadline = time.monotonic() + seconds
-while time.monotonic() < deadline:
-    time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
-    if os.getppid() != parent:
-        sys.exit(0)
-sys.stderr.write(message + "\\n")
-sys.stderr.flush()
-os.kill(parent, signal.SIGKILL)
-"""
 
 
 REPLACEMENT_VARIABLE = "KDIST_ELASTIC_REPLACEMENT"

@@ -1,0 +1,109 @@
+"""A small process that ends a rank, or the job's launcher, when they outstay their time.
+
+A rank starts it by path (`python -I _clock.py ...`, so that it imports nothing of
+kdist's and runs while the rank itself is stuck in MPI or has already left):
+
+- the start-up clock (`kdist.comm.processes`): after `--after` seconds, unless its
+  parent has gone (kdist.init() done, the clock cancelled), it writes `--message` to
+  standard error and `--record` to standard output (for `kdist run`), kills the rank
+  (`--kill-parent`) and, under a plain fault-tolerant launcher, ends the launcher.
+- the end of an elastic job that lost ranks (`kdist.comm.ending`): the survivors end
+  the job with MPI_Abort(0), and Open MPI's launcher then waits for a daemon on a host
+  it cannot reach; this clock gives it `--launcher-grace` seconds to end on its own.
+
+Ending a launcher: SIGTERM, and SIGKILL 10 s later if it is still there (told to end,
+Open MPI's launcher still waits for a daemon it cannot reach).
+"""
+
+import argparse
+import os
+import signal
+import sys
+import time
+
+LAUNCHERS = ("prterun", "prted", "mpirun", "mpiexec", "orterun", "orted")
+HEAD_LAUNCHERS = ("prterun", "mpirun", "mpiexec", "orterun")
+
+
+def launcher_above(pid, names=LAUNCHERS):
+    """The nearest ancestor of `pid` whose command is one of `names` (Linux's /proc),
+    or None."""
+    while pid > 1:
+        try:
+            with open(f"/proc/{pid}/stat") as stat:
+                # The parent is the second field after the command's closing parenthesis.
+                pid = int(stat.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{pid}/comm") as comm:
+                if comm.read().strip() in names:
+                    return pid
+        except (OSError, IndexError, ValueError):
+            return None
+    return None
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _wait_gone(pid, seconds):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if not _alive(pid):
+            return True
+        time.sleep(0.2)
+    return not _alive(pid)
+
+
+def _say(text):
+    if text:
+        try:
+            sys.stderr.write(text + "\n")
+            sys.stderr.flush()
+        except OSError:  # nobody reads it any more; the clock's work goes on
+            pass
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--parent", type=int, required=True)
+    parser.add_argument("--after", type=float, default=0.0)
+    parser.add_argument("--message", default="")
+    parser.add_argument("--record", default="")
+    parser.add_argument("--kill-parent", action="store_true")
+    parser.add_argument("--launcher", type=int, default=0)
+    parser.add_argument("--launcher-grace", type=float, default=0.0)
+    parser.add_argument("--launcher-message", default="")
+    args = parser.parse_args(argv)
+    deadline = time.monotonic() + args.after
+    while time.monotonic() < deadline:
+        time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
+        if os.getppid() != args.parent:
+            return 0  # the rank went on (cancelled) or is gone
+    _say(args.message)
+    if args.record:
+        os.write(1, args.record.encode() + b"\n")
+    if args.kill_parent:
+        try:
+            os.kill(args.parent, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    if not args.launcher or _wait_gone(args.launcher, args.launcher_grace):
+        return 0
+    _say(args.launcher_message)
+    try:
+        os.kill(args.launcher, signal.SIGTERM)
+        if not _wait_gone(args.launcher, 10.0):
+            os.kill(args.launcher, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
