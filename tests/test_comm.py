@@ -180,8 +180,16 @@ def test_collectives_on_real_ranks(mpirun, n):
                                       r in evens]
         if r in evens:
             assert got["process_set_sum"] == [float(sum(evens))]
+            assert got["process_set_broadcast"] == [float(evens[-1])]  # a rank of the job
+            assert got["process_set_tape"] == pytest.approx(2.0 * np.mean(evens))
         else:
             assert "is not in ProcessSet" in got["process_set_error"]
+            assert got["process_set_error_class"] == "InvalidArgumentError"
+            assert got["process_set_tape"] == pytest.approx(2.0 * r)  # its own
+        for dtype, value in (("uint8", 229), ("int8", 100), ("int16", 30000),
+                             ("uint16", 60000)):
+            wrapped = int(np.array([value * n], dtype=np.int64).astype(dtype)[0])
+            assert got[f"wrapped_{dtype}"] == [wrapped, wrapped], dtype
         assert got["removed"] is True and got["homogeneous"] is True
         assert got["world_is_a_copy"] is True
         if r == n - 1:

@@ -33,7 +33,8 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
             value, at the start and when ranks are brought back in step
             after a join.
         process_set: a `kdist.ProcessSet`; broadcast among its ranks only
-            (`root_rank` is then a rank of the set).
+            (`root_rank` is still a rank of the whole job, and one of the set's,
+            as in Horovod).
         comm: a kdist communicator to broadcast over instead (a search's
             `kdist.tune.trial_comm()`, say); `root_rank` is a rank of it.
 
@@ -59,10 +60,9 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         self.root_rank = _args.whole_number(root_rank, "root_rank")
         self.comm = None if comm is None and process_set is None else \
             collectives.resolve_comm(comm, process_set)
-        size = processes.size() if self.comm is None else self.comm.size
-        if not 0 <= self.root_rank < size:
-            raise ValueError(f"root_rank={root_rank!r} is not a rank of this job; the ranks "
-                             f"are 0 to {size - 1}.")
+        # The rank within self.comm (a process set's root_rank is a rank of the job).
+        self._root = collectives.root_within(
+            self.root_rank, self.comm or processes.world(), process_set)
         self.device = device
         self._pending = False
         self._local_variables = []
@@ -96,7 +96,7 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     def _broadcast(self):
         local = {id(v) for v in self._local_variables}
         shared = [v for v in model_state(self.model) if id(v) not in local]
-        collectives.broadcast_variables(shared, root_rank=self.root_rank, comm=self.comm)
+        collectives.broadcast_variables(shared, root_rank=self._root, comm=self.comm)
         self._pending = False
         if processes.size() > 1:
             logger.debug("broadcast model and optimizer state from rank %d", self.root_rank)

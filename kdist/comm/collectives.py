@@ -41,14 +41,16 @@ def _resolve_op(average, op, values=()):
     return reduce_op(op)
 
 
-def resolve_comm(comm=None, process_set=None):
-    """The communicator for a collective: `comm`, the process set's, or the world's."""
+def resolve_comm(comm=None, process_set=None, outside=None):
+    """The communicator for a collective: `comm`, the process set's, or the world's. On a
+    rank outside the process set: `outside` if given, else an error (see
+    `kdist.comm.process_sets.communicator_of`)."""
     if comm is not None and process_set is not None:
         raise ValueError("Pass either comm= or process_set=, not both.")
     if process_set is not None:
         from kdist.comm.process_sets import communicator_of
 
-        return communicator_of(process_set)
+        return communicator_of(process_set, outside=outside)
     return comm if comm is not None else processes.world()
 
 
@@ -202,7 +204,7 @@ def broadcast(tensor, root_rank=0, name=None, process_set=None, ignore_name_scop
               comm=None):
     """Returns `root_rank`'s value of `tensor` on every rank."""
     comm = resolve_comm(comm, process_set)
-    root_rank = _root(root_rank, comm)
+    root_rank = root_within(root_rank, comm, process_set)
     if not _is_tensor(tensor):
         out = np.array(tensor, copy=True, order="C")
         return comm.bcast_(out, root=root_rank, label=name or "")
@@ -366,7 +368,7 @@ def grouped_reducescatter(tensors, device_dense="", compression=None, op=Average
 def broadcast_object(obj, root_rank=0, name=None, process_set=None, comm=None):
     """Returns `root_rank`'s picklable object on every rank."""
     comm = resolve_comm(comm, process_set)
-    return comm.bcast_object(obj, root=_root(root_rank, comm))
+    return comm.bcast_object(obj, root=root_within(root_rank, comm, process_set))
 
 
 def broadcast_object_fn(root_rank=0, session=None, name=None, process_set=None, comm=None):
@@ -390,13 +392,23 @@ def barrier(process_set=None, comm=None):
     resolve_comm(comm, process_set).barrier()
 
 
-def _root(root_rank, comm):
+def root_within(root_rank, comm, process_set=None):
+    """`root_rank` as a rank of `comm`: with a process set, as in Horovod, `root_rank` is a
+    rank of the whole job (and must be in the set); with `comm=`, a rank of `comm`."""
     if isinstance(root_rank, bool) or not isinstance(root_rank, (int, np.integer)):
         raise TypeError(f"root_rank must be an integer rank; got {root_rank!r}.")
-    if not 0 <= int(root_rank) < comm.size:
+    root_rank = int(root_rank)
+    ranks = getattr(process_set, "ranks", None)
+    if ranks is not None and process_set.process_set_id != 0:
+        if root_rank not in ranks:
+            raise ValueError(f"root_rank={root_rank} is not in the process set (its ranks: "
+                             f"{ranks}); with process_set=, root_rank is a rank of the "
+                             "whole job, as in Horovod.")
+        return ranks.index(root_rank)
+    if not 0 <= root_rank < comm.size:
         raise ValueError(f"root_rank={root_rank} is not a rank of this job (ranks 0 to "
                          f"{comm.size - 1}).")
-    return int(root_rank)
+    return root_rank
 
 
 def broadcast_variables(variables, root_rank=0, process_set=None, comm=None):
@@ -408,7 +420,7 @@ def broadcast_variables(variables, root_rank=0, process_set=None, comm=None):
     hanging.
     """
     comm = resolve_comm(comm, process_set)
-    root_rank = _root(root_rank, comm)
+    root_rank = root_within(root_rank, comm, process_set)
     variables = list(variables)
     import sys
 

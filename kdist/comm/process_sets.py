@@ -158,8 +158,32 @@ def registered(process_set_id):
         return _registered.get(process_set_id)
 
 
-def communicator_of(process_set):
-    """The `Communicator` a collective on `process_set` runs on, on this rank."""
+def not_in_set_error(message):
+    """The error for a collective on a process set by a rank outside it: TensorFlow's
+    `InvalidArgumentError`, as Horovod raises, which is also a `ValueError` (and a plain
+    `ValueError` in a program without TensorFlow)."""
+    import sys
+
+    tf = sys.modules.get("tensorflow")
+    if tf is None:
+        return ValueError(message)
+    if "class" not in _not_in_set:
+        class NotInProcessSet(tf.errors.InvalidArgumentError, ValueError):
+            """A collective on a process set, run by a rank outside it."""
+
+        _not_in_set["class"] = NotInProcessSet
+    return _not_in_set["class"](None, None, message)
+
+
+_not_in_set = {}
+
+
+def communicator_of(process_set, outside=None):
+    """The `Communicator` a collective on `process_set` runs on, on this rank.
+
+    On a rank outside the set: `outside` if given (a gradient reduction gives such a rank
+    a world of its own, keeping its own gradients, as Horovod's tape does), else the
+    error of `not_in_set_error`."""
     if process_set is global_process_set or isinstance(process_set, _GlobalProcessSet):
         return job.world()
     if not isinstance(process_set, ProcessSet):
@@ -169,6 +193,8 @@ def communicator_of(process_set):
         raise ValueError(f"{process_set} is not registered: call kdist.add_process_set(...) on "
                          "every rank first (or pass it to kdist.init(process_sets=[...])).")
     if process_set._comm is None:
-        raise ValueError(f"Rank {job.rank()} is not in {process_set}; only its ranks "
-                         f"({process_set.ranks}) may run collectives on it.")
+        if outside is not None:
+            return outside
+        raise not_in_set_error(f"Rank {job.rank()} is not in {process_set}; only its ranks "
+                               f"({process_set.ranks}) may run collectives on it.")
     return process_set._comm

@@ -6,8 +6,10 @@ broadcast that runs there finds nothing to send. kdist therefore lets
 callbacks defer work until the variables exist: the first time a kdist
 optimizer applies gradients with initialised variables (while that step is
 being traced, before it first runs), it runs the deferred work and then
-checks that every rank holds the same values, so that ranks never train on
-from different starting points without a word.
+checks that every rank holds the same values: where they differ (no broadcast
+ran, as in Horovod's elastic example, which syncs only later), rank 0's values
+are broadcast with a warning, so that ranks never train on from different
+starting points.
 """
 
 import hashlib
@@ -66,10 +68,19 @@ def first_update(optimizer, variables, comm):
         for hook in _hooks.pop(optimizer, []):
             hook()
         if comm.size > 1:
-            check_identical(variables, comm, advice=(
-                "Add kdist.callbacks.BroadcastGlobalVariablesCallback(0) to fit's callbacks, "
-                "call kdist.broadcast_variables(model.variables, root_rank=0) once the model "
-                "is built, or give every rank the same seed."))
+            differing = first_difference(variables, comm)
+            if differing is not None:
+                # Horovod lets ranks train apart until something broadcasts (its elastic
+                # example syncs only once its state exists); kdist starts them together.
+                rank, name = differing
+                if comm.rank == 0:
+                    logger.warning(
+                        "Rank %d held other values of '%s' than rank 0 at the first update "
+                        "(no broadcast ran before it); every rank now starts from rank 0's "
+                        "weights. Add kdist.callbacks.BroadcastGlobalVariablesCallback(0) to "
+                        "fit's callbacks, or call kdist.broadcast_variables(model.variables, "
+                        "root_rank=0) once the model is built, to say so.", rank, name)
+                collectives.broadcast_variables(variables, root_rank=0, comm=comm)
     _checked[optimizer] = processes.world_generation()
 
 
@@ -78,12 +89,10 @@ def fingerprint(v):
     return hashlib.blake2b(array.tobytes(), digest_size=8).hexdigest()
 
 
-def check_identical(variables, comm, advice="", values=True):
-    """Raises `ValueError` on every rank when ranks hold different variables.
-
-    Compares names, shapes and dtypes (and, with `values`, the values) with
-    rank 0's and names the first variable that differs.
-    """
+def first_difference(variables, comm, values=True):
+    """`(rank, variable name)` of the first variable some rank holds with other values than
+    rank 0 (with `values`), or None. Collective. Raises `ValueError` on every rank when
+    the names, shapes or dtypes differ: no broadcast can mend that."""
     variables = list(variables)
     signature = [(collectives.variable_name(v), tuple(v.shape),
                   np.dtype(getattr(v.dtype, "as_numpy_dtype", v.dtype)).str) for v in variables]
@@ -93,6 +102,18 @@ def check_identical(variables, comm, advice="", values=True):
     for rank, (_, theirs) in enumerate(everyone):
         for index, (mine, root) in enumerate(zip(theirs, everyone[0][1])):
             if mine != root:
-                raise ValueError(
-                    f"Rank {rank} holds other values of '{signature[index][0]}' than rank 0: "
-                    f"the ranks would train from different weights. {advice}".rstrip())
+                return rank, signature[index][0]
+    return None
+
+
+def check_identical(variables, comm, advice="", values=True):
+    """Raises `ValueError` on every rank when ranks hold different variables.
+
+    Compares names, shapes and dtypes (and, with `values`, the values) with
+    rank 0's and names the first variable that differs.
+    """
+    differing = first_difference(variables, comm, values)
+    if differing is not None:
+        rank, name = differing
+        raise ValueError(f"Rank {rank} holds other values of '{name}' than rank 0: "
+                         f"the ranks would train from different weights. {advice}".rstrip())

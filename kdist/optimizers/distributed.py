@@ -25,7 +25,7 @@ from kdist._variables import assign_all, path_of as _path
 from kdist.callbacks import agreement
 from kdist.comm import collectives
 from kdist.distribute import consistency
-from kdist.comm.processes import Average, Sum
+from kdist.comm.processes import Average, Communicator, Sum
 from kdist.optimizers import reduction as reduction_lib
 from kdist.optimizers.aggregation import LocalGradientAggregator
 from kdist.optimizers.reduction import is_variable as _is_variable
@@ -624,7 +624,8 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
 def _communicator(comm, process_set):
     if process_set is None:
         return comm
-    return collectives.resolve_comm(comm, process_set)
+    # A rank outside the process set keeps its own gradients, as in Horovod.
+    return collectives.resolve_comm(comm, process_set, outside=Communicator(None))
 
 
 def PartialDistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="",

@@ -20,7 +20,7 @@ import tensorflow as tf
 
 from kdist import _tf_private
 from kdist.comm import collectives
-from kdist.comm.processes import Average
+from kdist.comm.processes import Average, Communicator
 from kdist.optimizers.reduction import GradientReduction, is_variable, local_layer_list
 
 
@@ -94,8 +94,10 @@ class DistributedGradientTape(tf.GradientTape):
         super().__init__(persistent=persistent, watch_accessed_variables=watch_accessed)
         self._tape = recorded
         self._watched_variables = watched
+        # A rank outside the process set keeps its own gradients, as in Horovod.
         self._reduction = GradientReduction(
-            collectives.resolve_comm(comm, process_set), compression, op,
+            collectives.resolve_comm(comm, process_set, outside=Communicator(None)),
+            compression, op,
             bucket_bytes=bucket_bytes, num_groups=num_groups, groups=groups,
             gradient_predivide_factor=gradient_predivide_factor,
             sparse_as_dense=sparse_as_dense, scale_local_gradients=scale_local_gradients,

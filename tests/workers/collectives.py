@@ -107,7 +107,30 @@ else:
         kdist.allreduce(np.ones(1), process_set=evens)
     except ValueError as error:
         out["process_set_error"] = str(error)
+    try:
+        kdist.allreduce(tf.ones(1), process_set=evens)
+    except tf.errors.InvalidArgumentError as error:  # Horovod's error class
+        out["process_set_error_class"] = "InvalidArgumentError"
+# Horovod's root_rank is a rank of the whole job, also with a process set.
+last_even = evens.ranks[-1]
+if evens.included():
+    out["process_set_broadcast"] = kdist.broadcast(
+        tf.constant([float(r)]), root_rank=last_even, process_set=evens).numpy().tolist()
+# A rank outside the set keeps its own gradient (Horovod's tape does the same).
+point = tf.constant(float(r))
+with tf.GradientTape() as tape:
+    tape.watch(point)
+    square = point * point
+out["process_set_tape"] = float(kdist.DistributedGradientTape(
+    tape, process_set=evens).gradient(square, [point])[0])
 out["removed"] = kdist.remove_process_set(evens)
+# Small integers wrap around when summed, as in C and Horovod; 64 of them take MPI's
+# vectorised path, which saturated them.
+for dtype, value in (("uint8", 229), ("int8", 100), ("int16", 30000), ("uint16", 60000)):
+    wide = np.full(64, value, dtype=dtype)
+    out[f"wrapped_{dtype}"] = [
+        int(kdist.allreduce(wide, op=kdist.Sum)[0]),
+        int(tf.function(lambda: kdist.allreduce(tf.constant(wide), op=kdist.Sum))()[0])]
 out["homogeneous"] = kdist.is_homogeneous()
 from mpi4py import MPI  # noqa: E402
 

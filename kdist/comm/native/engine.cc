@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <type_traits>
 #include <vector>
 
 #include "Eigen/Core"
@@ -184,9 +185,37 @@ MPI_Datatype MpiType(int64_t dtype) {
   }
 }
 
+// Sums of 8- and 16-bit integers that wrap around, as C's arithmetic and
+// Horovod's do: Open MPI 5's vectorised MPI_SUM (op/avx) saturates them.
+template <typename Int>
+void WrappingSum(void* in, void* inout, int* length, MPI_Datatype*) {
+  using Unsigned = typename std::make_unsigned<Int>::type;
+  const Int* a = static_cast<const Int*>(in);
+  Int* b = static_cast<Int*>(inout);
+  for (int i = 0; i < *length; ++i) {
+    b[i] = static_cast<Int>(static_cast<Unsigned>(static_cast<Unsigned>(a[i]) +
+                                                  static_cast<Unsigned>(b[i])));
+  }
+}
+
+MPI_Op WrappingSumOp(int64_t dtype) {
+  static MPI_Op ops[4] = {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL};
+  const int which = dtype == kInt8 ? 0 : dtype == kUInt8 ? 1 : dtype == kInt16 ? 2 : 3;
+  if (ops[which] == MPI_OP_NULL) {
+    MPI_User_function* fns[4] = {&WrappingSum<int8_t>, &WrappingSum<uint8_t>,
+                                 &WrappingSum<int16_t>, &WrappingSum<uint16_t>};
+    MPI_Op_create(fns[which], /*commute=*/1, &ops[which]);
+  }
+  return ops[which];
+}
+
 MPI_Op MpiOp(int64_t dtype, int64_t op) {
   if (dtype == kFloat16) return HalfOp<Eigen::half>(op);
   if (dtype == kBFloat16) return HalfOp<Eigen::bfloat16>(op);
+  if (op == kSum && (dtype == kInt8 || dtype == kUInt8 || dtype == kInt16 ||
+                     dtype == kUInt16)) {
+    return WrappingSumOp(dtype);
+  }
   if (dtype == kBool) return (op == kMin || op == kProduct) ? MPI_LAND : MPI_LOR;
   switch (op) {
     case kSum: return MPI_SUM;
