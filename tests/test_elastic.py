@@ -348,3 +348,18 @@ def test_with_no_slot_for_a_replacement_the_survivors_carry_on(mpi_job):
     (out,) = _survivors(job, 1)
     assert out["size"] == 1 and out["epoch"] == 2
     assert "Could not start 1 rank(s) to replace the lost ones" in job.output
+
+
+def test_only_the_larger_side_of_a_possible_partition_carries_on(monkeypatch):
+    # A host cut off by the network looks dead from both sides; only one side may go on.
+    from kdist.comm.recovery import NoQuorum, check_quorum
+
+    check_quorum([0], ["a", "a"])  # the lost rank shared a host with a survivor: it died
+    check_quorum([0], ["a", "b"])  # half of the ranks, with rank 0
+    check_quorum([1, 2], ["a", "b", "c"])  # a majority
+    check_quorum([0, 1], ["a", "a", "b", "b"])
+    for left, hosts in (([1], ["a", "b"]), ([2, 3], ["a", "a", "b", "b"]),
+                        ([2], ["a", "b", "c"])):
+        with pytest.raises(NoQuorum, match="network partition"):
+            check_quorum(left, hosts)
+    check_quorum([1], ["a", "b"], environ={"KDIST_ELASTIC_QUORUM": "0"})

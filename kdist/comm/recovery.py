@@ -14,7 +14,7 @@ import os
 import signal
 import socket
 
-from kdist.comm import ending, processes
+from kdist.comm import ending, job, processes
 
 logger = logging.getLogger(__name__)
 
@@ -171,15 +171,60 @@ def shrink_world():
     """
     world = processes.world()
     old_size = world.size
+    old_hosts = [job.host_of(r) for r in range(old_size)]
     revoke()
     # Blocking: Open MPI's Ishrink fails with an internal error.
     survivors = world.mpi.Shrink()
     _stop_for_good(_failed_ranks(world.mpi))
+    left = _old_ranks(survivors, world.mpi)
     processes.replace_world(survivors)
     if world.size < old_size:
         logger.warning("%d rank(s) lost; carrying on with %d.", old_size - world.size,
                        world.size)
+        check_quorum(left, old_hosts)
     return old_size, world.size
+
+
+class NoQuorum(RuntimeError):
+    """The ranks left may be one side of a network partition, and not the larger one."""
+
+
+def check_quorum(left, hosts, environ=None):
+    """Raises `NoQuorum` when the ranks `left` (ranks of the world before, whose hosts are
+    `hosts`) may be the smaller side of a partition.
+
+    A host cut off by the network looks dead from both sides, and each side would
+    train on alone and write the same files (split brain). When every lost rank ran on a
+    host where a survivor runs, no partition can explain the loss; otherwise the ranks
+    left go on only with more than half of the ranks, or exactly half and rank 0.
+    KDIST_ELASTIC_QUORUM=0 lets any side go on."""
+    environ = os.environ if environ is None else environ
+    if environ.get("KDIST_ELASTIC_QUORUM", "1").strip().lower() in ("0", "false", "no"):
+        return
+    lost = [r for r in range(len(hosts)) if r not in set(left)]
+    ours = {hosts[r] for r in left}
+    if all(hosts[r] in ours for r in lost):
+        return
+    if 2 * len(left) > len(hosts) or (2 * len(left) == len(hosts) and 0 in left):
+        return
+    away = sorted({hosts[r] for r in lost if hosts[r] not in ours})
+    raise NoQuorum(
+        f"{len(lost)} of {len(hosts)} ranks were lost on host(s) {', '.join(away)}, and the "
+        f"{len(left)} left are not a majority (nor half with rank 0): those hosts may be "
+        "alive behind a network partition, training on by themselves, so these ranks stop "
+        "rather than train apart. KDIST_ELASTIC_QUORUM=0 lets any side go on.")
+
+
+def _old_ranks(survivors, old):
+    """The ranks in `old` of the processes of `survivors`."""
+    from mpi4py import MPI
+
+    theirs, mine = survivors.Get_group(), old.Get_group()
+    try:
+        return MPI.Group.Translate_ranks(theirs, list(range(theirs.Get_size())), mine)
+    finally:
+        theirs.Free()
+        mine.Free()
 
 
 def spawn_command(environ=None):
