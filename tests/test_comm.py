@@ -190,6 +190,7 @@ def test_collectives_on_real_ranks(mpirun, n):
                              ("uint16", 60000)):
             wrapped = int(np.array([value * n], dtype=np.int64).astype(dtype)[0])
             assert got[f"wrapped_{dtype}"] == [wrapped, wrapped], dtype
+        assert got["graph_broadcast_grads"] == [[1.0 * (r == root)] * 3 for root in (0, n - 1)]
         assert got["removed"] is True and got["homogeneous"] is True
         assert got["world_is_a_copy"] is True
         if r == n - 1:

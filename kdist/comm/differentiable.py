@@ -134,7 +134,12 @@ def broadcast(tensor, root, comm, label):
         def gradient(upstream):
             averaged = graph_ops.allreduce([upstream], comm, average=True,
                                            label=f"gradient of {label}")[0]
-            return averaged if comm.rank == root else tf.zeros_like(averaged)
+            if comm.rank == root:
+                return averaged
+            # Zeros that still wait for the allreduce: a graph would otherwise skip it
+            # here alone, and this rank's collectives would fall out of step.
+            with tf.control_dependencies([averaged]):
+                return tf.zeros_like(upstream)
 
         return graph_ops.broadcast(x, comm, root, label=label), gradient
 

@@ -144,5 +144,15 @@ if r == n - 1:
 kdist.allreduce(np.ones(2))  # kdist's traffic in between
 if r == n - 1:
     out["own_message"] = ours.wait()
+# In a graph, the gradient of a broadcast is zero off the root but must still run its
+# allreduce there, or the ranks' next collectives fall out of step.
+with tf.Graph().as_default(), tf.compat.v1.Session() as session:
+    graph_grads = []
+    for root in (0, n - 1):
+        start = tf.ones([3]) * float(r)
+        sent = kdist.broadcast(start, root_rank=root)
+        graph_grads.append(session.run(
+            [sent, tf.gradients(sent, start, tf.ones([3]))[0]])[1].tolist())
+out["graph_broadcast_grads"] = graph_grads
 out["last_joined"] = kdist.join()
 report(out)
