@@ -1,9 +1,12 @@
 """No hang, anywhere: a stopped rank ends the job within the timeout, naming it."""
 
+import os
 import socket
 import time
 
 import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 pytestmark = pytest.mark.mpi
 
@@ -100,3 +103,26 @@ def test_a_rank_that_never_starts_ends_the_job_after_the_start_timeout(mpi_job, 
         assert "The job could not start; kdist run ended its launcher." in job.output
     else:
         assert "ending this rank and the job's launcher" in job.output
+
+
+def test_the_clock_finds_the_head_launcher_above_a_rank_before_its_daemon(tmp_path):
+    # kdist/comm/_clock.py ends the launcher of a job that cannot start or end: the head
+    # (prterun) where it is an ancestor, since a daemon (prted) it ends would leave the
+    # head waiting for a host it cannot reach.
+    import shutil
+    import subprocess
+    import sys
+
+    for name in ("prterun", "prted"):
+        shutil.copy("/bin/sh", tmp_path / name)
+    (tmp_path / "probe.py").write_text(
+        f"import os, sys\nsys.path.insert(0, {ROOT!r})\nfrom kdist.comm import _clock\n"
+        "print(_clock.launcher_above(os.getpid()), "
+        "_clock.launcher_above(os.getpid(), ('prted',)), "
+        "_clock.launcher_above(os.getpid(), ('orted',)))\n")
+    probe = f"{sys.executable} {tmp_path / 'probe.py'}; true"
+    script = f"echo head $$; {tmp_path / 'prted'} -c 'echo daemon $$; {probe}'; true"
+    shown = subprocess.run([str(tmp_path / "prterun"), "-c", script], capture_output=True,
+                           text=True, timeout=60).stdout.split()
+    head, daemon = shown[1], shown[3]
+    assert shown[4:] == [head, daemon, "None"], shown

@@ -26,19 +26,25 @@ HEAD_LAUNCHERS = ("prterun", "mpirun", "mpiexec", "orterun")
 
 
 def launcher_above(pid, names=LAUNCHERS):
-    """The nearest ancestor of `pid` whose command is one of `names` (Linux's /proc),
-    or None."""
+    """The launcher process above `pid` (Linux's /proc), or None: the job's head launcher
+    (`prterun`, `mpirun`, ...) if it is an ancestor, else the nearest of `names` (the
+    host's daemon, `prted`). Ending the head ends the job even when a daemon it waits
+    for cannot be reached; ending a daemon leaves that to the head."""
+    found = []
     while pid > 1:
         try:
             with open(f"/proc/{pid}/stat") as stat:
                 # The parent is the second field after the command's closing parenthesis.
                 pid = int(stat.read().rsplit(")", 1)[1].split()[1])
             with open(f"/proc/{pid}/comm") as comm:
-                if comm.read().strip() in names:
-                    return pid
+                name = comm.read().strip()
         except (OSError, IndexError, ValueError):
-            return None
-    return None
+            break
+        if name in HEAD_LAUNCHERS and name in names:
+            return pid
+        if name in names:
+            found.append(pid)
+    return found[0] if found else None
 
 
 def _alive(pid):
@@ -60,13 +66,20 @@ def _wait_gone(pid, seconds):
     return not _alive(pid)
 
 
-def _say(text):
-    if text:
-        try:
+def _say(text, to=None):
+    """Writes `text` on standard error, or on that of process `to` (a clock that must not
+    hold the rank's output open: the launcher waits for it to close)."""
+    if not text:
+        return
+    try:
+        if to is None:
             sys.stderr.write(text + "\n")
             sys.stderr.flush()
-        except OSError:  # nobody reads it any more; the clock's work goes on
-            pass
+        else:
+            with open(f"/proc/{to}/fd/2", "a") as stream:
+                stream.write(text + "\n")
+    except OSError:  # nobody reads it any more; the clock's work goes on
+        pass
 
 
 def main(argv=None):
@@ -79,6 +92,7 @@ def main(argv=None):
     parser.add_argument("--launcher", type=int, default=0)
     parser.add_argument("--launcher-grace", type=float, default=0.0)
     parser.add_argument("--launcher-message", default="")
+    parser.add_argument("--speak-through-launcher", action="store_true")
     args = parser.parse_args(argv)
     deadline = time.monotonic() + args.after
     while time.monotonic() < deadline:
@@ -95,7 +109,7 @@ def main(argv=None):
             pass
     if not args.launcher or _wait_gone(args.launcher, args.launcher_grace):
         return 0
-    _say(args.launcher_message)
+    _say(args.launcher_message, to=args.launcher if args.speak_through_launcher else None)
     try:
         os.kill(args.launcher, signal.SIGTERM)
         if not _wait_gone(args.launcher, 10.0):

@@ -143,8 +143,10 @@ def _watch_the_launcher():
     message = (f"[kdist] The training finished, but the launcher (pid {launcher}) still "
                f"waited for lost ranks {LAUNCHER_GRACE:g} s after it was told to end the "
                "job (a host it cannot reach); ending it, so its exit status is not 0.")
-    # A session of its own: the launcher ends the rank's process group with it.
+    # A session of its own: the launcher ends the rank's process group with it. No hold
+    # on the rank's output either: the launcher waits for that to close.
     subprocess.Popen([sys.executable, "-I", _clock.__file__, "--parent", str(os.getpid()),
                       "--launcher", str(launcher), "--launcher-grace", str(LAUNCHER_GRACE),
-                      "--launcher-message", message], stdin=subprocess.DEVNULL,
-                     start_new_session=True)
+                      "--launcher-message", message, "--speak-through-launcher"],
+                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                     stderr=subprocess.DEVNULL, start_new_session=True)
