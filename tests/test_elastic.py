@@ -337,17 +337,23 @@ def test_a_gan_replacement_receives_both_models_and_both_optimizers(mpi_job):
 
 
 @pytest.mark.mpi
-def test_with_no_slot_for_a_replacement_the_survivors_carry_on(mpi_job):
+def test_with_no_slot_for_a_replacement_the_survivor_carries_on_and_its_failure_counts(
+        mpi_job):
     # Two slots, two ranks, no leave to oversubscribe: the dead rank's slot stays taken.
+    # The survivor, alone, then fails after its report: a world of one leaves through
+    # kdist's own exit (kdist/comm/ending.py), which must not call that a clean end.
     """Its own job: ranks die and the survivors shrink the world under Open MPI's fault
     tolerance, which a shared world cannot lend.
     """
-    job = mpi_job(WORKER, n=2, args=["--lose-rank", 1], fault_tolerant=True, check=False,
-                  timeout=180, env={"KDIST_ELASTIC_MAX_NP": "2"},
-                  mpi_args=["--host", "localhost:2"])
+    job = mpi_job(WORKER, n=2, args=["--lose-rank", 1, "--fail-at-the-end"],
+                  fault_tolerant=True, check=False, timeout=180,
+                  env={"KDIST_ELASTIC_MAX_NP": "2"}, mpi_args=["--host", "localhost:2"])
     (out,) = _survivors(job, 1)
     assert out["size"] == 1 and out["epoch"] == 2
     assert "Could not start 1 rank(s) to replace the lost ones" in job.output
+    assert "RuntimeError: a bug after training" in job.output
+    assert "ending it with MPI_Abort(1)" in job.output
+    assert job.returncode != 0
 
 
 def test_only_the_larger_side_of_a_possible_partition_carries_on(monkeypatch):

@@ -7,7 +7,8 @@ around them, and that wait can last forever; a job whose training finished
 then hangs at exit. So when some rank of the world has died, a surviving
 process that ends normally waits for the other survivors (a shrunk
 communicator and a barrier, for at most `KDIST_EXIT_TIMEOUT` seconds,
-default 30) and then leaves without `MPI_Finalize`, with status 0. Under a
+default 30) and then leaves without `MPI_Finalize`, with status 0 (1 after an
+uncaught exception). Under a
 plain `mpiexec` the survivors leave through `MPI_Abort(0)`: the launcher
 would otherwise wait for lost ranks that never end (a stopped process, a host
 that cannot be reached), and the abort has it end them and exit 0.
@@ -45,6 +46,16 @@ def mark_joined():
     """Records that kdist's world now spans processes of more than one MPI job."""
     global _joined
     _joined = True
+
+
+_failed = False
+
+
+def mark_failed():
+    """Records that this process ends on an uncaught exception: it then leaves with status
+    1, not 0."""
+    global _failed
+    _failed = True
 
 
 def install():
@@ -112,17 +123,18 @@ def leave_if_ranks_died(timeout=None):
     # or unreachable host never does; MPI_Abort with status 0 has it end them and exit 0.
     # `kdist run` ends such a launcher itself once the survivors have.
     through_abort = not _joined and not os.environ.get(_prefix.TOKEN_VARIABLE)
+    status = 1 if _failed else 0
     if through_abort:
-        logger.warning("Ranks of this job were lost; ending it with MPI_Abort(0) (the "
-                       "training finished, this is no error) so that the launcher does not "
-                       "wait for them.")
+        logger.warning("Ranks of this job were lost; ending it with MPI_Abort(%d)%s so that "
+                       "the launcher does not wait for them.", status,
+                       "" if status else " (the training finished, this is no error)")
         _watch_the_launcher()
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
     if through_abort:
-        MPI.COMM_WORLD.Abort(0)
-    os._exit(0)
+        MPI.COMM_WORLD.Abort(status)
+    os._exit(status)
 
 
 # How long the launcher may take to end the job after the survivors' MPI_Abort.

@@ -87,6 +87,11 @@ ABORT_GRACE_SECONDS = 10.0
 def _excepthook(kind, value, tb):
     world = _world()
     if world is None or world.size == 1:
+        from kdist.comm import ending
+
+        # A survivor alone in a shrunk world leaves through ending's exit, which must
+        # not report this failure as a clean end.
+        ending.mark_failed()
         _previous_hook(kind, value, tb)
         return
     text = "".join(traceback.format_exception(kind, value, tb))

@@ -35,6 +35,8 @@ parser.add_argument("--path", choices=("optimizer", "strategy"), default="optimi
 parser.add_argument("--replacement-dies-at", type=int, default=-1,
                     help="the first replacement rank kills itself after this many batches "
                          "(0: every replacement dies before it reaches training)")
+parser.add_argument("--fail-at-the-end", action="store_true",
+                    help="raise once the report is written: a bug after training")
 args = parser.parse_args()
 
 kdist.init()
@@ -126,3 +128,5 @@ report({"size": kdist.size(), "epoch": state.epoch, "sizes_at_reset": sizes_at_r
         "learning_rate": float(optimizer.learning_rate.numpy()),
         "loss": float(model.evaluate(x, y, verbose=0)),
         "weights_sum": float(np.sum(flat_weights(model)))})
+if args.fail_at_the_end:
+    raise RuntimeError("a bug after training")
