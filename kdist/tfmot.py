@@ -81,11 +81,26 @@ def _check_built(model, argument):
                          "call model.build(input_shape) first.")
 
 
+def _check_eager(caller):
+    """Keras 3 builds and copies models eagerly; a tf.compat.v1 graph context cannot."""
+    import tensorflow as tf
+
+    if not tf.executing_eagerly():
+        raise RuntimeError(
+            f"{caller}: Keras 3 models are built and copied eagerly, and this runs inside "
+            "a TF1-style graph (tf.Graph().as_default() or tf.compat.v1 graph mode). Call "
+            "it outside the graph; Keras 3 traces the model into graphs itself when it "
+            "trains (model.fit, or a tf.function around your own step).")
+
+
 def prune_low_magnitude(to_prune, pruning_schedule=None, block_size=(1, 1),
                         block_pooling_type="AVG", pruning_policy=None, sparsity_m_by_n=None,
                         **kwargs):
-    """tfmot's `prune_low_magnitude`: a model (copied), a layer or a list of layers,
-    wrapped for pruning.
+    """tfmot's `prune_low_magnitude`: a model, a layer or a list of layers, wrapped
+    for pruning.
+
+    As in tfmot, a pruned model is a new model around the given model's own
+    layers (pruning it prunes them), and layers already wrapped are kept.
 
     `pruning_schedule` defaults to `ConstantSparsity(0.5, begin_step=0)`, as
     in tfmot; `block_size`, `block_pooling_type` and `sparsity_m_by_n` are
@@ -107,14 +122,18 @@ def prune_low_magnitude(to_prune, pruning_schedule=None, block_size=(1, 1),
     if pruning_policy is not None:
         raise ValueError("prune_low_magnitude: pruning_policy is not supported for Keras 3 "
                          "models (kdist does not check layers against XNNPack); leave it out.")
+    _check_eager("prune_low_magnitude")
     pattern = dict(block_size=block_size, block_pooling_type=block_pooling_type,
                    sparsity_m_by_n=sparsity_m_by_n)
     is_layer = isinstance(to_prune, keras.layers.Layer)
-    if not (is_layer or isinstance(to_prune, (list, tuple))):
-        raise ValueError("prune_low_magnitude can prune a Sequential or functional model, a "
-                         f"layer or a list of layers; got {type(to_prune).__name__}.")
-    if isinstance(to_prune, keras.Model):
-        _check_model(to_prune, "to_prune")
+    is_model = isinstance(to_prune, keras.Model)
+    if not (is_layer or isinstance(to_prune, list)) or (is_model and not (
+            isinstance(to_prune, keras.Sequential) or _keras_private.is_functional(to_prune))):
+        # A subclassed model's layers are pruned one by one where the model creates them.
+        raise ValueError(
+            "prune_low_magnitude prunes a Sequential or functional model, a layer or a list "
+            f"of layers; got an object of type {type(to_prune).__name__}. Inside a "
+            "subclassed model, wrap its layers where it creates them.")
     if kwargs and not (is_layer and not isinstance(to_prune, keras.Model)):
         raise TypeError(f"prune_low_magnitude passes {sorted(kwargs)} to the wrapper of a "
                         "single layer; a model or a list of layers takes none.")
@@ -129,17 +148,19 @@ def prune_low_magnitude(to_prune, pruning_schedule=None, block_size=(1, 1),
                                            require_step_callback=True, **arguments)
 
     # As tfmot, every layer is wrapped, those with nothing to prune (Dropout, pooling,
-    # Add) included.
-    if isinstance(to_prune, (list, tuple)):
-        return [_wrapping.wrap_layers(layer, wrap, _sparsity.PruneLowMagnitude, (), "prune",
+    # Add) included, and a layer already pruned is kept as it is.
+    if isinstance(to_prune, list):
+        return [layer if isinstance(layer, _sparsity.PruneLowMagnitude) else
+                _wrapping.wrap_layers(layer, wrap, _sparsity.PruneLowMagnitude, (), "prune",
                                       every_layer=True)
                 for layer in to_prune]
-    if isinstance(to_prune, keras.Model):
+    if is_model:
         _check_prunable_model(to_prune)  # before anything is copied, as tfmot refuses it
-    # kwargs is empty for a model (refused above).
-    return _uncompiled(_wrapping.wrap_layers(to_prune, lambda layer: wrap(layer, **kwargs),
-                                             _sparsity.PruneLowMagnitude, (), "prune",
-                                             every_layer=True))
+    # kwargs is empty for a model (refused above). As tfmot's, the pruned model wraps the
+    # model's own layers: they, and their weights, are shared with it.
+    return _uncompiled(_wrapping.wrap_layers(
+        to_prune, lambda layer: wrap(layer, **kwargs), _sparsity.PruneLowMagnitude, (),
+        "prune", every_layer=True, share_layers=True))
 
 
 def _uncompiled(model):
@@ -204,25 +225,62 @@ def _check_quantizable(layers):
                 "quantises the other layers and keeps attention in float.")
         if kind.__module__.split(".")[0] in ("keras", "kdist"):
             continue
+        if keras.saving.get_registered_object(keras.saving.get_registered_name(kind)) is not kind:
+            # The model is copied through Keras's registry, which cannot name this class;
+            # tfmot refuses such a layer with a ValueError too.
+            raise ValueError(
+                f"Layer {layer.name} ({kind.__module__}.{kind.__name__}) is not known to "
+                "Keras, so the model cannot be copied to quantise it: register the class "
+                "(@keras.saving.register_keras_serializable()) or name it in "
+                "tfmot.quantization.keras.quantize_scope({...}), and give the layer a "
+                "QuantizeConfig with quantize_annotate_layer(layer, quantize_config).")
         raise RuntimeError(
-            f"Layer {layer.name}:{kind.__module__}.{kind.__name__} is not supported. You can "
-            "quantize this layer by passing a tfmot.quantization.keras.QuantizeConfig "
-            "instance to the quantize_annotate_layer API.")
+            f"Layer {layer.name} ({kind.__module__}.{kind.__name__}) is not supported by the "
+            "default scheme, which knows Keras's own layers only: mark it with "
+            "quantize_annotate_layer(layer, quantize_config), giving a QuantizeConfig that "
+            "says how to quantise it.")
 
 
-def _with_weightless_configs(model):
-    """`model` with its marked layers that have no weights given tfmot's treatment: their
-    outputs quantised (pooling, Add, ReLU, ...) or nothing (Reshape, Dropout, ...)."""
+def _float_feeders(model):
+    """Names of the unmarked layers whose output is the one input of a marked layer."""
+    names = set()
+    for wrapper in _wrapping.wrappers_in(model, _annotation.QuantizeAnnotate):
+        tensors = _keras_private.inbound_tensors(wrapper)
+        if len(tensors) == 1:
+            names.add(_keras_private.producing_layer_name(tensors[0]))
+    return names
+
+
+def _with_tfmot_configs(model):
+    """`model` with the configs tfmot's default scheme gives layers it marks itself.
+
+    A marked layer without weights gets its output quantised (pooling, Add, ReLU,
+    ...) or nothing (Reshape, Dropout, ...). An unmarked layer whose output a marked
+    layer reads gets that output quantised, its weights left in float
+    (`OutputOnlyConfig`): the marked layer then reads values on an 8-bit grid, as an
+    integer engine gives it.
+    """
+    feeders = _float_feeders(model)
+    registry = _registry.QuantizeRegistry()
 
     def configure(layer):
-        if not isinstance(layer, _annotation.QuantizeAnnotate) or (
-                layer.quantize_config is not None or layer.layer.weights):
+        if isinstance(layer, _annotation.QuantizeAnnotate):
+            if layer.quantize_config is not None or layer.layer.weights:
+                return None
+            config = _weightless.weightless_config(layer.layer)
+            if config is None:
+                return None
+            fresh = _wrapping.fresh_copy(layer.layer)
+            return _annotation.QuantizeAnnotate(fresh, config), fresh, None
+        if layer.name not in feeders or not registry.supports(layer):
             return None
-        config = _weightless.weightless_config(layer.layer)
-        if config is None:
-            return None
-        fresh = _wrapping.fresh_copy(layer.layer)
-        return _annotation.QuantizeAnnotate(fresh, config), fresh, None
+        config = registry.get_quantize_config(layer)
+        if isinstance(config, _weightless.NoQuantizeConfig) and not isinstance(
+                config, _weightless.OutputQuantizeConfig):
+            return None  # its output is on its input's grid already
+        fresh = _wrapping.fresh_copy(layer)
+        return (_annotation.QuantizeAnnotate(fresh, _inputs.OutputOnlyConfig(config)), fresh,
+                layer.get_weights() if layer.built else None)
 
     return _wrapping.rewrite(model, configure, "quantize_apply")
 
@@ -281,14 +339,16 @@ def quantize_model(to_quantize, quantized_layer_name_prefix="quant_"):
     real = _real(to_quantize)
     if real is not None:
         return real.quantization.keras.quantize_model(to_quantize, quantized_layer_name_prefix)
+    _check_eager("quantize_model")
     _check_model(to_quantize, "to_quantize", " To quantise one layer use "
                  "quantize_annotate_layer and quantize_apply.")
     _check_flat(to_quantize, "to_quantize")
     _check_built(to_quantize, "to_quantize")
     _check_quantizable(to_quantize.layers)
     annotated = _annotation.quantize_annotate_model(to_quantize)
-    return _ranges_from_six(_inputs.quantize_inputs(_annotation.quantize_apply(
-        _with_weightless_configs(annotated), name_prefix=quantized_layer_name_prefix)))
+    return _ranges_from_six(_inputs.quantize_inputs(
+        _annotation.quantize_apply(_with_tfmot_configs(annotated),
+                                   name_prefix=quantized_layer_name_prefix)))
 
 
 def _ranges_from_six(model):
@@ -325,6 +385,7 @@ def quantize_annotate_model(to_annotate):
     real = _real(to_annotate)
     if real is not None:
         return real.quantization.keras.quantize_annotate_model(to_annotate)
+    _check_eager("quantize_annotate_model")
     _check_model(to_annotate, "to_annotate", " Use quantize_annotate_layer for a layer.")
     _check_flat(to_annotate, "to_annotate")
     return _uncompiled(_annotation.quantize_annotate_model(to_annotate))
@@ -342,6 +403,7 @@ def quantize_apply(model, scheme=None, quantized_layer_name_prefix="quant_"):
         options = {} if scheme is None else {"scheme": _tfmot_scheme(scheme)}
         return real.quantization.keras.quantize_apply(
             model, quantized_layer_name_prefix=quantized_layer_name_prefix, **options)
+    _check_eager("quantize_apply")
     _check_model(model, "model")
     _check_built(model, "model")
     if scheme is not None and not isinstance(scheme, _KdistScheme):
@@ -354,8 +416,9 @@ def quantize_apply(model, scheme=None, quantized_layer_name_prefix="quant_"):
             "out. Give a layer other quantizers with quantize_annotate_layer(layer, "
             "quantize_config).")
     _check_quantizable(_wrapping.wrappers_in(model, _annotation.QuantizeAnnotate))
-    return _ranges_from_six(_inputs.quantize_inputs(_annotation.quantize_apply(
-        _with_weightless_configs(model), name_prefix=quantized_layer_name_prefix),
+    return _ranges_from_six(_inputs.quantize_inputs(
+        _annotation.quantize_apply(_with_tfmot_configs(model),
+                                   name_prefix=quantized_layer_name_prefix),
         only_before_quantized=True))
 
 

@@ -140,11 +140,18 @@ def test_a_tfmot_style_dense_config_trains_and_tracks_its_output_range():
 
 
 def test_custom_layers_need_a_config_as_in_tfmot():
-    with pytest.raises(RuntimeError, match="QuantizeConfig"):
-        qk.quantize_apply(qk.quantize_annotate_model(keras.Sequential([
-            keras.Input((10,)), ScaledDense(4, name="mine")])))
-    with pytest.raises(RuntimeError, match="is not supported"):
-        qk.quantize_model(keras.Sequential([keras.Input((10,)), ScaledDense(4)]))
+    def annotated_custom():
+        return qk.quantize_annotate_model(keras.Sequential([
+            keras.Input((10,)), ScaledDense(4, name="mine")]))
+
+    # Unknown to Keras, the layer is refused first for that: the model cannot be copied.
+    with pytest.raises(ValueError, match="not known to Keras, so the model cannot be copied"):
+        qk.quantize_apply(annotated_custom())
+    with qk.quantize_scope({"ScaledDense": ScaledDense}):
+        with pytest.raises(RuntimeError, match="QuantizeConfig"):
+            qk.quantize_apply(annotated_custom())
+        with pytest.raises(RuntimeError, match="is not supported"):
+            qk.quantize_model(keras.Sequential([keras.Input((10,)), ScaledDense(4)]))
     annotated = _annotated(DenseAsTfmot(), first=ScaledDense)
     with qk.quantize_scope({"DenseAsTfmot": DenseAsTfmot, "ScaledDense": ScaledDense}):
         model = qk.quantize_apply(qk.quantize_annotate_model(annotated))
@@ -475,13 +482,15 @@ def test_inputs_are_quantised_only_where_a_quantised_layer_reads_them():
     def kinds(model):
         return [type(layer).__name__ for layer in model.layers]
 
+    # A float layer read by a quantised one quantises its output only (QuantizeWithConfig
+    # with an OutputOnlyConfig), and reads its own input in float.
     assert kinds(qk.quantize_apply(functional(False))) == [
-        "InputLayer", "Dense", "QuantizeAware"]
+        "InputLayer", "QuantizeWithConfig", "QuantizeAware"]
     assert kinds(qk.quantize_apply(functional(True))) == [
         "InputLayer", "QuantizeLayer", "QuantizeAware", "QuantizeAware"]
     sequential = keras.Sequential([keras.Input((10,)), keras.layers.Dense(8),
                                    qk.quantize_annotate_layer(keras.layers.Dense(2))])
-    assert kinds(qk.quantize_apply(sequential)) == ["Dense", "QuantizeAware"]
+    assert kinds(qk.quantize_apply(sequential)) == ["QuantizeWithConfig", "QuantizeAware"]
     with pytest.raises(ValueError, match="should be already quantized"):
         qk.fix_input_output_range(qk.quantize_apply(sequential))
     # Asked for explicitly, every input is quantised.

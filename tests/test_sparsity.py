@@ -686,3 +686,35 @@ def test_quantize_leaves_recurrent_layers_in_float_and_says_so():
     assert not [w for w in caught if "recurrent" in str(w.message)]
     with pytest.raises(ValueError, match="one kernel per layer"):
         sparsity.QuantizeAware(keras.layers.LSTM(4))(np.ones((1, 5, 3), "float32"))
+
+
+def test_a_pruning_wrapper_takes_tfmots_arguments_and_reads_step_minus_1_untrained():
+    dense = keras.layers.Dense(3)
+    with pytest.raises(ValueError, match="block_pooling_type"):
+        sparsity.PruneLowMagnitude(dense, block_pooling_type="MIN")
+    wrapper = sparsity.PruneLowMagnitude(dense, block_pooling_type="MAX")  # tfmot's default
+    assert wrapper.pruning_schedule.get_config() == \
+        sparsity.ConstantSparsity(0.5, begin_step=0).get_config()
+    schedule = sparsity.ConstantSparsity(0.8, begin_step=0)
+    wrapper = sparsity.PruneLowMagnitude(dense, pruning_schedule=schedule)
+    assert wrapper.schedule is schedule
+    with pytest.raises(TypeError, match="once"):
+        sparsity.PruneLowMagnitude(dense, schedule, pruning_schedule=schedule)
+    model = keras.Sequential([keras.Input((4,)), wrapper])
+    model(np.ones((2, 4), "float32"))  # inference is no training step
+    assert int(wrapper.pruning_step.numpy()) == -1
+
+
+def test_a_marked_layer_is_called_with_what_its_mark_is_called_with():
+    class TrainingOnly(keras.layers.Layer):
+        seen = None
+
+        def call(self, training=None):  # takes no inputs
+            self.seen = training
+
+    layer = TrainingOnly()
+    mark = sparsity.QuantizeAnnotate(layer)
+    mark.call(training=True)
+    assert layer.seen is True
+    mark.call(training=False)
+    assert layer.seen is False

@@ -314,7 +314,7 @@ def test_layer_arguments_go_to_the_wrapper_of_a_single_layer():
         prune_low_magnitude(_model(), input_shape=(10,))
     with pytest.raises(TypeError, match="single layer"):
         prune_low_magnitude([keras.layers.Dense(2)], name="pruned")
-    with pytest.raises(ValueError, match="can prune a Sequential or functional model"):
+    with pytest.raises(ValueError, match="got an object of type str"):
         prune_low_magnitude("dense")
 
 
@@ -395,9 +395,11 @@ _REFUSED = {  # what tfmot refuses with ValueError, and the words kdist's messag
                                    "subclassed"),
     "quantize_apply(unbuilt)": (lambda: _QUANTIZE.quantize_apply(keras.Sequential(
         [_QUANTIZE.quantize_annotate_layer(keras.layers.Dense(2))])), "built model"),
-    "prune_low_magnitude(None)": (lambda: prune_low_magnitude(None), "can prune"),
+    "prune_low_magnitude(None)": (lambda: prune_low_magnitude(None),
+                                  "a layer or a list of layers; got an object of type "
+                                  "NoneType"),
     "prune_low_magnitude(subclassed)": (lambda: prune_low_magnitude(_Subclassed()),
-                                        "subclassed"),
+                                        "got an object of type _Subclassed"),
     "strip_pruning(layer)": (lambda: tfmot.sparsity.keras.strip_pruning(
         keras.layers.Dense(2)), "only be a Keras model"),
 }
@@ -720,3 +722,72 @@ def test_annotating_a_model_leaves_lambda_layers_and_refuses_a_model_as_a_layer(
     np.testing.assert_allclose(annotated.predict(x, verbose=0), model.predict(x, verbose=0))
     with pytest.raises(ValueError, match="quantize_annotate_model"):
         kdist.sparsity.QuantizeAnnotate(model)
+
+
+def test_a_pruned_model_wraps_the_models_own_layers_and_keeps_pruned_ones():
+    # As tfmot's: the new model is built around the given layers, not copies of them.
+    pruned_layer = prune_low_magnitude(keras.layers.Dense(3))
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3), pruned_layer])
+    pruned = prune_low_magnitude(model)
+    assert pruned.layers[0].layer is model.layers[0]
+    assert pruned.layers[1] is pruned_layer
+    assert prune_low_magnitude([pruned_layer])[0] is pruned_layer
+
+
+def _annotated_after_a_float_layer():
+    inputs = keras.Input((4,))
+    hidden = keras.layers.Dense(3, activation="relu", name="float")(inputs)
+    outputs = tfmot.quantization.keras.quantize_annotate_layer(
+        keras.layers.Dense(2, name="marked"))(hidden)
+    return keras.Model(inputs, outputs)
+
+
+def test_a_float_layer_feeding_a_marked_one_has_its_output_quantized_as_in_tfmot():
+    quantized = tfmot.quantization.keras.quantize_apply(_annotated_after_a_float_layer())
+    names = [layer.name for layer in quantized.layers]
+    assert "quantize_layer" not in names  # the input goes to a float layer
+    feeder = quantized.get_layer("quant_float")
+    assert isinstance(feeder, tfmot.quantization.keras.QuantizeWrapper)
+    config = feeder.quantize_config
+    assert config.get_weights_and_quantizers(feeder.layer) == []  # weights stay float
+    assert isinstance(config.get_config()["quantize_config"],
+                      kdist.sparsity.KernelQuantizeConfig)
+    assert len(config.get_activations_and_quantizers(feeder.layer)) == 1  # its relu output
+    copy = keras.Model.from_config(quantized.get_config())
+    assert type(copy.get_layer("quant_float").quantize_config) is type(config)
+
+
+def test_quantized_and_annotated_copies_of_a_compiled_model_are_not_compiled():
+    # As in tfmot, the copy is trained with an optimizer of its own once compiled. Keras 3
+    # gives an uncompiled model no `optimizer` at all (tfmot's: None), and its legacy .h5
+    # writer fails on a None one.
+    keras_model = _compile(_model())
+    quantize = tfmot.quantization.keras
+    annotated = quantize.quantize_annotate_model(keras_model)
+    assert not annotated.compiled and getattr(annotated, "optimizer", None) is None
+    annotated = _compile(annotated)
+    for copy in (quantize.quantize_apply(annotated), quantize.quantize_model(keras_model)):
+        assert not copy.compiled and getattr(copy, "optimizer", None) is None
+
+
+class _CustomDense(keras.layers.Dense):
+    pass
+
+
+def test_a_custom_layer_without_a_config_is_refused_as_tfmot_refuses_it():
+    quantize = tfmot.quantization.keras
+    model = keras.Sequential([keras.Input((2,)),
+                              quantize.quantize_annotate_layer(_CustomDense(3))])
+    # Not known to Keras: the model cannot be copied (tfmot raises ValueError too).
+    with pytest.raises(ValueError, match="not known to Keras.*quantize_scope"):
+        quantize.quantize_apply(model)
+    # Known to Keras, but still without a QuantizeConfig.
+    with quantize.quantize_scope({"_CustomDense": _CustomDense}):
+        with pytest.raises(RuntimeError, match="QuantizeConfig"):
+            quantize.quantize_apply(model)
+
+
+def test_tfmot_functions_called_in_a_tf1_graph_say_keras_3_runs_eagerly():
+    with tf.Graph().as_default():
+        with pytest.raises(RuntimeError, match="built and copied eagerly"):
+            tfmot.quantization.keras.quantize_apply(_model())

@@ -47,7 +47,12 @@ class QuantizeAnnotate(keras.layers.Wrapper):
             super().build(input_shape)
         self.built = True
 
-    def call(self, inputs, *args, **kwargs):
+    def call(self, inputs=None, *args, **kwargs):
+        # What the wrapper is called with goes to the layer as given, a layer that takes
+        # no inputs (only `training`) included; Keras gives `training` only to a layer
+        # whose call takes it.
+        if inputs is None and not args:
+            return self.layer(**kwargs)
         return self.layer(inputs, *args, **kwargs)
 
     def compute_output_shape(self, input_shape):

@@ -100,7 +100,7 @@ class UpdatePruning(keras.callbacks.Callback):
         # The layers' own step counts go on from where they are, whatever
         # optimizer this run has: step = iterations - origin. Layers that have
         # not counted yet (new, or saved before they counted) follow the optimizer.
-        done = max((int(keras.ops.convert_to_numpy(w.pruning_step))
+        done = max((max(0, int(keras.ops.convert_to_numpy(w.pruning_step)))
                     for w in self._wrappers if w.built), default=0)
         self._origin = self._iterations() - done if done else 0
 

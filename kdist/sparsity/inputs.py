@@ -61,8 +61,42 @@ def _input_quantizer():
     return AllValuesQuantizer(num_bits=8, per_axis=False, symmetric=False, narrow_range=False)
 
 
+@keras.saving.register_keras_serializable(package="kdist")
+class OutputOnlyConfig(QuantizeConfig):
+    """Another config's activations and output quantizers, without its weights: for a
+    float layer whose output a quantised layer reads, so that it reads values on a grid.
+
+    `get_config()["quantize_config"]` is the other config itself (Keras serialises
+    it with the wrapper).
+    """
+
+    def __init__(self, quantize_config):
+        if isinstance(quantize_config, dict):
+            quantize_config = keras.saving.deserialize_keras_object(quantize_config)
+        self.quantize_config = quantize_config
+
+    def get_weights_and_quantizers(self, layer):
+        return []
+
+    def get_activations_and_quantizers(self, layer):
+        return self.quantize_config.get_activations_and_quantizers(layer)
+
+    def set_quantize_activations(self, layer, quantize_activations):
+        self.quantize_config.set_quantize_activations(layer, quantize_activations)
+
+    def get_output_quantizers(self, layer):
+        return self.quantize_config.get_output_quantizers(layer)
+
+    def get_config(self):
+        return {"quantize_config": self.quantize_config}
+
+
 def _quantised(layer):
-    return isinstance(layer, (QuantizeAware, QuantizeWithConfig))
+    """Whether `layer` computes quantised, and so reads its inputs quantised (a float
+    layer whose output alone is quantised does not)."""
+    if isinstance(layer, QuantizeWithConfig):
+        return not isinstance(layer.quantize_config, OutputOnlyConfig)
+    return isinstance(layer, QuantizeAware)
 
 
 def quantize_inputs(model, quantizer=None, only_before_quantized=False):

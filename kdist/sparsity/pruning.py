@@ -5,8 +5,11 @@ import keras
 
 from kdist.sparsity import bridge
 from kdist.sparsity.patterns import check_pattern, mask_for
-from kdist.sparsity.schedules import PruningSchedule
+from kdist.sparsity.schedules import ConstantSparsity, PruningSchedule
 from kdist.sparsity.wrapping import KernelWrapper, wrap_layers, wrappers_in
+
+# What `pruning_step` reads before a layer's first training step (as in tfmot).
+UNTRAINED_STEP = -1
 
 
 @keras.saving.register_keras_serializable(package="kdist")
@@ -16,14 +19,17 @@ class PruneLowMagnitude(KernelWrapper):
     Use `prune()` to wrap a model's layers; wrap a layer directly inside a
     subclassed model. Pruned weights get no gradient from the loss, and they
     are set to zero whenever the mask changes. `pruning_step` counts the
-    training steps the layer has been through: its schedule's clock.
+    training steps the layer has been through: its schedule's clock (-1
+    before the first).
 
     Args:
         layer: a layer with a kernel (Dense, Conv1D/2D/3D, EinsumDense, ...),
             or a recurrent layer (LSTM, GRU, SimpleRNN, Bidirectional), whose
             input and recurrent kernels are each pruned to the schedule's
             sparsity (`masks` holds one mask per kernel).
-        schedule: a `PruningSchedule`.
+        schedule: a `PruningSchedule` (also accepted as `pruning_schedule=`,
+            tfmot's name); left out, `ConstantSparsity(0.5, begin_step=0)`,
+            tfmot's default.
         block_size: `(height, width)` blocks pruned together in a 2-D kernel.
         block_pooling_type: `"AVG"` or `"MAX"`, how a block's magnitude is taken.
         sparsity_m_by_n: `(m, n)`: m zeros in every n consecutive input-channel
@@ -33,16 +39,23 @@ class PruneLowMagnitude(KernelWrapper):
             without one the mask would never move, silently).
     """
 
-    def __init__(self, layer, schedule, block_size=(1, 1), block_pooling_type="AVG",
-                 sparsity_m_by_n=None, require_step_callback=False, **kwargs):
+    def __init__(self, layer, schedule=None, block_size=(1, 1), block_pooling_type="AVG",
+                 sparsity_m_by_n=None, require_step_callback=False, pruning_schedule=None,
+                 **kwargs):
+        pattern = check_pattern(block_size, block_pooling_type, sparsity_m_by_n)
+        if schedule is not None and pruning_schedule is not None:
+            raise TypeError("Give the schedule once: as `schedule` or as tfmot's "
+                            "`pruning_schedule`, not both.")
+        schedule = schedule if schedule is not None else pruning_schedule
+        if schedule is None:
+            schedule = ConstantSparsity(0.5, begin_step=0)
         if not isinstance(schedule, PruningSchedule):
             raise TypeError("schedule must be a kdist.sparsity.PruningSchedule (ConstantSparsity, "
                             f"PolynomialDecay or a subclass); got {type(schedule).__name__}.")
         kwargs.setdefault("name", f"pruned_{layer.name}")
         super().__init__(layer, **kwargs)
         self.schedule = schedule
-        self.block_size, self.block_pooling_type, self.sparsity_m_by_n = check_pattern(
-            block_size, block_pooling_type, sparsity_m_by_n)
+        self.block_size, self.block_pooling_type, self.sparsity_m_by_n = pattern
         self.require_step_callback = bool(require_step_callback)
         self.step_callback_attached = False  # set by UpdatePruning.on_train_begin
 
@@ -62,8 +75,10 @@ class PruneLowMagnitude(KernelWrapper):
         self.mask = new_mask("mask", targets[0]) if targets else None
         # Steps trained so far: the schedule's clock lives with the layer, so a
         # new optimizer (recompiling, quantising, reloading) does not restart it.
+        # It reads -1 until the first training step, as tfmot's does.
         self.pruning_step = self.add_weight(name="pruning_step", shape=(),
-                                            initializer="zeros", trainable=False,
+                                            initializer=keras.initializers.Constant(
+                                                UNTRAINED_STEP), trainable=False,
                                             dtype="int64", autocast=False,
                                             aggregation="only_first_replica")
         # A recurrent layer's other kernels come last, so files of one-kernel
@@ -94,6 +109,7 @@ class PruneLowMagnitude(KernelWrapper):
             # Saved before layers counted their steps: the count starts at 0.
             for i, variable in enumerate(own[:-1]):
                 variable.assign(store[f"{i}"])
+            self.pruning_step.assign(0)
             return
         super().load_own_variables(store)
 

@@ -358,7 +358,8 @@ def rewrite(model, replace, caller):
     return copy
 
 
-def wrap_layers(model, wrap, kind, skip, verb, several_kernels=True, every_layer=False):
+def wrap_layers(model, wrap, kind, skip, verb, several_kernels=True, every_layer=False,
+                share_layers=False):
     """`wrap(layer)` around every layer with a kernel that is not already a `kind`.
 
     A Sequential or functional model is copied (weights included) with its
@@ -367,6 +368,8 @@ def wrap_layers(model, wrap, kind, skip, verb, several_kernels=True, every_layer
     `several_kernels`: whether `kind` handles layers with several kernels
     (recurrent layers, MultiHeadAttention). `every_layer`: wrap the layers
     without a kernel too (not inner models, whose layers are wrapped).
+    `share_layers`: the new model wraps or reuses `model`'s own layer objects (and
+    so its weights) instead of copies, as tensorflow-model-optimization's pruning does.
     """
     skip = tuple(skip) if isinstance(skip, (list, tuple, set)) else (skip,)
     for entry in skip:
@@ -394,7 +397,10 @@ def wrap_layers(model, wrap, kind, skip, verb, several_kernels=True, every_layer
 
         def replace(layer):
             if not wanted(layer):
-                return None
+                return (layer, layer, None) if share_layers else None
+            if share_layers:
+                chosen.append(layer.name)
+                return wrap(layer), layer, None
             fresh = fresh_copy(layer)
             chosen.append(layer.name)
             return wrap(fresh), fresh, layer.get_weights() if layer.built else None
