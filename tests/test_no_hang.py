@@ -126,3 +126,25 @@ def test_the_clock_finds_the_head_launcher_above_a_rank_before_its_daemon(tmp_pa
                            text=True, timeout=60).stdout.split()
     head, daemon = shown[1], shown[3]
     assert shown[4:] == [head, daemon, "None"], shown
+
+
+def test_the_exit_clock_kills_a_rank_whose_end_outlasts_its_bound():
+    # kdist/comm/ending.py leaves this clock at the exit of every fault-tolerant rank:
+    # Open MPI's MPI_Finalize there can wait for ever for a peer that crashed in its own.
+    import subprocess
+    import sys
+
+    stuck = (f"import subprocess, sys, time\nsys.path.insert(0, {ROOT!r})\n"
+             "from kdist.comm import _clock\n"
+             "import os\n"
+             "subprocess.Popen([sys.executable, '-I', _clock.__file__, '--parent', "
+             "str(os.getpid()), '--after', '1', '--message', 'ending stuck exit', "
+             "'--kill-parent', '--speak-through-parent'], stdout=subprocess.DEVNULL, "
+             "stderr=subprocess.DEVNULL)\n"
+             "time.sleep(60)  # as MPI_Finalize waiting for a crashed peer\n")
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", stuck], capture_output=True, text=True,
+                          timeout=60)
+    assert time.monotonic() - started < 30
+    assert done.returncode == -9
+    assert "ending stuck exit" in done.stderr

@@ -10,6 +10,8 @@ kdist's and runs while the rank itself is stuck in MPI or has already left):
 - the end of an elastic job that lost ranks (`kdist.comm.ending`): the survivors end
   the job with MPI_Abort(0), and Open MPI's launcher then waits for a daemon on a host
   it cannot reach; this clock gives it `--launcher-grace` seconds to end on its own.
+- the end of any fault-tolerant rank (`kdist.comm.ending`): it kills the rank if its
+  exit (MPI_Finalize) outlasts `--after` seconds.
 
 Ending a launcher: SIGTERM, and SIGKILL 10 s later if it is still there (told to end,
 Open MPI's launcher still waits for a daemon it cannot reach).
@@ -93,13 +95,14 @@ def main(argv=None):
     parser.add_argument("--launcher-grace", type=float, default=0.0)
     parser.add_argument("--launcher-message", default="")
     parser.add_argument("--speak-through-launcher", action="store_true")
+    parser.add_argument("--speak-through-parent", action="store_true")
     args = parser.parse_args(argv)
     deadline = time.monotonic() + args.after
     while time.monotonic() < deadline:
         time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
         if os.getppid() != args.parent:
             return 0  # the rank went on (cancelled) or is gone
-    _say(args.message)
+    _say(args.message, to=args.parent if args.speak_through_parent else None)
     if args.record:
         os.write(1, args.record.encode() + b"\n")
     if args.kill_parent:

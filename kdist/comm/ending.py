@@ -88,6 +88,7 @@ def leave_if_ranks_died(timeout=None):
 
     if not MPI.Is_initialized() or MPI.Is_finalized():
         return
+    _bound_the_exit()
     world = MPI.COMM_WORLD
     try:
         lost_own = dead_ranks(world) > 0
@@ -135,6 +136,24 @@ def leave_if_ranks_died(timeout=None):
     if through_abort:
         MPI.COMM_WORLD.Abort(status)
     os._exit(status)
+
+
+def _bound_the_exit():
+    """Leaves a clock (kdist/comm/_clock.py) that kills this process if it is still there
+    30 s after KDIST_EXIT_TIMEOUT: Open MPI's fault-tolerant MPI_Finalize can wait for
+    ever for a peer that crashed inside its own (seen after a link flapped)."""
+    import subprocess
+
+    from kdist.comm import _clock
+
+    bound = float(os.environ.get("KDIST_EXIT_TIMEOUT", "30")) + 30.0
+    message = (f"[kdist] This process, a rank that finished, was still ending "
+               f"{bound:g} s later (MPI_Finalize waits for a peer that crashed or "
+               "vanished); killing it.")
+    subprocess.Popen([sys.executable, "-I", _clock.__file__, "--parent", str(os.getpid()),
+                      "--after", str(bound), "--message", message, "--kill-parent",
+                      "--speak-through-parent"], stdin=subprocess.DEVNULL,
+                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 # How long the launcher may take to end the job after the survivors' MPI_Abort.
