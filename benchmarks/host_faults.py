@@ -20,7 +20,8 @@ seconds after its start the last host suffers one fault:
 - kill_rank: its rank is killed (SIGKILL).
 
 Launchers: `kdist_run` (`kdist run`, with `--elastic` for elastic jobs) and `mpiexec`
-(Open MPI's, with `--with-ft ulfm` for elastic jobs), with the same settings; ranks get
+(Open MPI's, with `--with-ft ulfm` for elastic jobs, as a user types it: without the
+daemon keepalives `kdist run` adds), with the same settings; ranks get
 `KDIST_PEER_TIMEOUT=30`, `KDIST_COLLECTIVE_TIMEOUT=60` and `KDIST_START_TIMEOUT=60`
 (defaults: 120 s, none, 600 s), so that a cell takes a minute or two. Per cell: seconds
 to end (or `--timeout`, ended by the benchmark: a hang), the exit status, the last
@@ -113,7 +114,7 @@ def inject(hosts, fault):
 
 
 def launcher_command(hosts, launcher, mode, out, checkpoints, epochs):
-    from kdist.cli import mpiexec_command
+    from kdist.cli import DAEMON_KEEPALIVE_ARGS, mpiexec_command
 
     worker = [sys.executable, "-u", WORKER, "--out", out, "--epochs", str(epochs)]
     worker += ["--elastic"] if mode == "elastic" else ["--checkpoints", checkpoints]
@@ -126,9 +127,21 @@ def launcher_command(hosts, launcher, mode, out, checkpoints, epochs):
     else:
         argv, env = mpiexec_command(hosts.count, worker, extra=mpi_args,
                                     fault_tolerant=mode == "elastic")
+        # As a user types it: without the daemon keepalives kdist run adds, Open MPI's
+        # launcher takes 8 minutes to notice a host that went silent.
+        argv = _without(argv, DAEMON_KEEPALIVE_ARGS)
     env.update(SETTINGS)
     env["PYTHONPATH"] = os.pathsep.join([ROOT, env.get("PYTHONPATH", "")])
     return hosts.on_first_host(argv), env
+
+
+def _without(argv, part):
+    """`argv` without the run of arguments `part`, where it occurs."""
+    part = list(part)
+    for at in range(len(argv) - len(part) + 1):
+        if argv[at:at + len(part)] == part:
+            return argv[:at] + argv[at + len(part):]
+    return list(argv)
 
 
 def run_cell(count, fault, launcher, mode, args):

@@ -102,6 +102,10 @@ def test_host_fault_matrix_benchmark_tells_why_a_job_ended_and_tabulates_it():
     assert host_faults._why(["[kdist 0] WARNING 1 rank(s) lost; carrying on with 1",
                              verdict, noise]) == verdict
     assert host_faults._why([noise, "[1] " + noise]) == ""
+    # The mpiexec column runs Open MPI's launcher as a user types it.
+    assert host_faults._without(["mpiexec", "-n", "2", "a", "b", "x"], ("a", "b")) == \
+        ["mpiexec", "-n", "2", "x"]
+    assert host_faults._without(["mpiexec", "x"], ("a", "b")) == ["mpiexec", "x"]
     # A launcher's banner may carry control characters; the table must stay readable.
     assert host_faults._why(["Errorcode: 0\x00\x1b"]) == "Errorcode: 0"
     row = {"hosts": 2, "fault": "link_down", "launcher": "mpiexec", "mode": "plain",
