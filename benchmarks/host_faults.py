@@ -58,7 +58,7 @@ SETTINGS = {"KDIST_PEER_TIMEOUT": "30", "KDIST_COLLECTIVE_TIMEOUT": "60",
             "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONUNBUFFERED": "1"}
 # Lines that say why a job ended, most telling first.
 WHY = [re.compile(p) for p in (
-    r"kdist run: exit status .*", r"The training finished, but the launcher .*",
+    r"kdist run: exit status .*", r"The launcher \(pid \d+\) still waited .*",
     r"kdist\.init\(\) has waited .*", r"aborting the job: .*", r"lost communication .*",
     r"Ranks of this job were lost; ending it with MPI_Abort\(0\)",
     r"rank\(s\) lost; carrying on with \d+", r"answered none of kdist's questions.*",

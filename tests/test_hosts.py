@@ -2,6 +2,7 @@
 launched from the first host through Open MPI's remote-shell agent, TCP the only path
 between hosts, as on a cluster."""
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -88,7 +89,7 @@ def test_a_host_that_drops_off_the_network_under_plain_mpiexec_fails_its_ranks_n
     # The launcher takes 8 minutes to notice the lost daemon (and waits for it before it
     # exits); kdist's watchdog on rank 0 hears nothing from rank 1 while it waits for it
     # (the peer timeout, 120 s by default, shortened here) and aborts, naming rank 1 and
-    # host h1. The test ends the launcher once that line is out.
+    # host h1. The launcher then still waits for h1's daemon, and kdist ends it 20 s later.
     """Its own job: one emulated host's link is taken down under a plain launcher; how the
     ranks end is the subject.
     """
@@ -125,7 +126,12 @@ def test_a_host_that_drops_off_the_network_under_plain_mpiexec_fails_its_ranks_n
         reader = threading.Thread(target=read, daemon=True)
         reader.start()
         seen.wait(120)
-        os.killpg(job.pid, signal.SIGKILL)
+        try:
+            status = job.wait(60)
+        except subprocess.TimeoutExpired:
+            status = None
+        with contextlib.suppress(ProcessLookupError):  # it ended by itself
+            os.killpg(job.pid, signal.SIGKILL)
         machines.kill_processes()
         job.wait()
         reader.join(10)
@@ -133,6 +139,9 @@ def test_a_host_that_drops_off_the_network_under_plain_mpiexec_fails_its_ranks_n
     assert seen.is_set(), text[-3000:]
     assert "[kdist rank 0] aborting the job: 'allreduce" in text, text[-3000:]
     assert not list(tmp_path.iterdir()), "no rank reported finishing"
+    assert status is not None, "the launcher was left waiting for the lost host"
+    assert status != 0
+    assert "still waited 20 s after kdist aborted the job" in text, text[-3000:]
 
 
 def test_a_parameter_server_shares_memory_on_its_host_and_sends_messages_across(mpi_job,

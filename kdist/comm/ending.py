@@ -129,7 +129,7 @@ def leave_if_ranks_died(timeout=None):
         logger.warning("Ranks of this job were lost; ending it with MPI_Abort(%d)%s so that "
                        "the launcher does not wait for them.", status,
                        "" if status else " (the training finished, this is no error)")
-        _watch_the_launcher()
+        watch_the_launcher("the training finished and the survivors ended the job")
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
@@ -160,20 +160,23 @@ def _bound_the_exit():
 LAUNCHER_GRACE = 20.0
 
 
-def _watch_the_launcher():
+def watch_the_launcher(after):
     """On the launcher's host, leaves a clock (kdist/comm/_clock.py) that ends the launcher
-    if it still waits LAUNCHER_GRACE seconds after the abort: Open MPI's waits for the
-    daemon of a host it cannot reach (a partition) until TCP gives up, 15 minutes."""
+    if it still waits LAUNCHER_GRACE seconds from now (`after`: what it was told, for the
+    message): Open MPI's waits for the daemon of a host it cannot reach (a partition)
+    until TCP gives up, 15 minutes. Not under `kdist run`, which ends it itself."""
     import subprocess
 
     from kdist.comm import _clock
 
+    if os.environ.get(_prefix.TOKEN_VARIABLE):
+        return
     launcher = _clock.launcher_above(os.getpid(), _clock.HEAD_LAUNCHERS)
     if launcher is None:
         return
-    message = (f"[kdist] The training finished, but the launcher (pid {launcher}) still "
-               f"waited for lost ranks {LAUNCHER_GRACE:g} s after it was told to end the "
-               "job (a host it cannot reach); ending it, so its exit status is not 0.")
+    message = (f"[kdist] The launcher (pid {launcher}) still waited {LAUNCHER_GRACE:g} s "
+               f"after {after} (for a host it cannot reach); ending it, so its exit status "
+               "is not 0.")
     # A session of its own: the launcher ends the rank's process group with it. No hold
     # on the rank's output either: the launcher waits for that to close.
     subprocess.Popen([sys.executable, "-I", _clock.__file__, "--parent", str(os.getpid()),
@@ -181,3 +184,5 @@ def _watch_the_launcher():
                       "--launcher-message", message, "--speak-through-launcher"],
                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                      stderr=subprocess.DEVNULL, start_new_session=True)
+
+

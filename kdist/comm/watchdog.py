@@ -69,6 +69,11 @@ def abort(reason, code=1):
     rank = world.rank if world is not None else 0
     sys.stderr.write(f"[kdist rank {rank}] aborting the job: {reason}\n")
     sys.stderr.flush()
+    if world is not None and world.size > 1:
+        from kdist.comm import ending
+
+        # The launcher may wait for a host it cannot reach after the abort, for good.
+        ending.watch_the_launcher("kdist aborted the job")
     if world is not None:
         # MPI_Abort can block for good: in a fault-tolerant job once ranks have
         # died, or when a host has dropped off the network and the launcher
