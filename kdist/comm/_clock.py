@@ -94,7 +94,6 @@ def main(argv=None):
     parser.add_argument("--launcher", type=int, default=0)
     parser.add_argument("--launcher-grace", type=float, default=0.0)
     parser.add_argument("--launcher-message", default="")
-    parser.add_argument("--speak-through-launcher", action="store_true")
     parser.add_argument("--speak-through-parent", action="store_true")
     args = parser.parse_args(argv)
     deadline = time.monotonic() + args.after
@@ -105,6 +104,13 @@ def main(argv=None):
     _say(args.message, to=args.parent if args.speak_through_parent else None)
     if args.record:
         os.write(1, args.record.encode() + b"\n")
+    # Let go of the rank's output: its launcher waits for that to close before it ends
+    # the job, and the clock may outlive the rank by the launcher's grace.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    quiet = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(quiet, fd)
     if args.kill_parent:
         try:
             os.kill(args.parent, signal.SIGKILL)
@@ -112,7 +118,7 @@ def main(argv=None):
             pass
     if not args.launcher or _wait_gone(args.launcher, args.launcher_grace):
         return 0
-    _say(args.launcher_message, to=args.launcher if args.speak_through_launcher else None)
+    _say(args.launcher_message, to=args.launcher)
     try:
         os.kill(args.launcher, signal.SIGTERM)
         if not _wait_gone(args.launcher, 10.0):

@@ -181,7 +181,7 @@ def watch_the_launcher(after):
     # on the rank's output either: the launcher waits for that to close.
     subprocess.Popen([sys.executable, "-I", _clock.__file__, "--parent", str(os.getpid()),
                       "--launcher", str(launcher), "--launcher-grace", str(LAUNCHER_GRACE),
-                      "--launcher-message", message, "--speak-through-launcher"],
+                      "--launcher-message", message],
                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                      stderr=subprocess.DEVNULL, start_new_session=True)
 

@@ -269,20 +269,27 @@ class _StartDeadline:
         if self.seconds <= 0:
             return
         under_run = bool(os.environ.get(_prefix.TOKEN_VARIABLE))
-        launcher = _clock.launcher_above(os.getpid()) if (
-            ending.fault_tolerant() and not under_run) else None
+        tolerant = ending.fault_tolerant()
+        # kdist run ends the launcher itself; a fault-tolerant one would wait for ever, and
+        # any other may wait for a host it cannot reach: it gets ending's grace.
+        launcher = None if under_run else _clock.launcher_above(os.getpid())
         message = (f"[kdist rank {_prefix.launcher_rank()}] kdist.init() has waited "
                    f"{self.seconds:g} s for the job's other ranks to start "
                    "(KDIST_START_TIMEOUT): a rank that died or stopped while starting, "
                    "or a host that cannot be reached; ending this rank"
                    + (" and the job's launcher, which under fault tolerance would wait"
-                      if launcher else "") + ".")
+                      if launcher and tolerant else "") + ".")
+        grace = 0.0 if tolerant else ending.LAUNCHER_GRACE
+        later = "" if tolerant else (
+            f"[kdist] The launcher (pid {launcher}) still waited {grace:g} s after a rank "
+            "gave up starting (for a host it cannot reach); ending it.")
         record = _prefix.record_text("start-timeout", rank=_prefix.launcher_rank(),
                                      host=socket.gethostname(), pid=os.getpid())
         self._clock = subprocess.Popen(
             [sys.executable, "-I", _clock.__file__, "--parent", str(os.getpid()),
              "--after", str(self.seconds), "--message", message, "--record", record,
-             "--kill-parent", "--launcher", str(launcher or 0)], stdin=subprocess.DEVNULL)
+             "--kill-parent", "--launcher", str(launcher or 0), "--launcher-grace",
+             str(grace), "--launcher-message", later], stdin=subprocess.DEVNULL)
 
     def cancel(self):
         if self._clock is not None:
