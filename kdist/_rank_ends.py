@@ -23,6 +23,7 @@ class RankEnd:
     pid: str = "?"
     code: int = None  # None: started, never reported an end
     gave_up_starting: bool = False  # its start-up clock ran out (KDIST_START_TIMEOUT)
+    left_running: bool = False  # the launcher exited without it; kdist run ended it
 
     def clean(self):
         return self.code == 0 and not self.gave_up_starting
@@ -31,9 +32,12 @@ class RankEnd:
         if self.gave_up_starting:
             return (f"gave up waiting for the others to start (KDIST_START_TIMEOUT) on host "
                     f"{self.host}")
+        if self.code is None and self.left_running:
+            return f"{{was}} left running by the launcher on host {self.host} (kdist run " \
+                   f"ended {{it}})"
         if self.code is None:
-            return f"never reported its end (host {self.host}: lost, or the rank was killed " \
-                   f"with its wrapper)"
+            return f"never reported {{its}} end (host {self.host}: lost, or the rank was " \
+                   f"killed with its wrapper)"
         if self.code == 0:
             return "ended cleanly"
         if self.code < 0:
@@ -83,6 +87,14 @@ class Ends:
             except ValueError:
                 known.code = 1
 
+    def left_running(self, pids, host):
+        """Marks the ranks on `host` whose process is among `pids` (what the launcher
+        left running when it exited) and that had not reported an end."""
+        pids = {str(pid) for pid in pids}
+        for end in self.ranks:
+            if end.code is None and end.host == host and end.pid in pids:
+                end.left_running = True
+
     def all_ended(self):
         """Whether every rank the job still counts on has reported its end: the ranks
         of its last world when it changed (an elastic job), else all of them."""
@@ -125,9 +137,12 @@ class Ends:
         if missing:
             groups["never started (or its start line was lost)"] = missing
         parts = []
-        for how, ranks in groups.items():
-            label = "rank" if len(ranks) == 1 else "ranks"
-            parts.append(f"{label} {_ranges(ranks)} {how}")
+        # By the lowest rank of each group, not by the order ranks started in (which
+        # host's ranks start first is chance), so that one job's line always reads alike.
+        for how, ranks in sorted(groups.items(), key=lambda group: _lowest(group[1])):
+            words = (dict(label="rank", its="its", it="it", was="was") if len(ranks) == 1
+                     else dict(label="ranks", its="their", it="them", was="were"))
+            parts.append(f"{words['label']} {_ranges(ranks)} {how.format(**words)}")
         said = "; ".join(parts) if parts else "no rank reported its start"
         launcher = "" if launcher_status == status else f" (the launcher exited {launcher_status})"
         return f"kdist {verb}: exit status {status}{launcher}: {said}."
@@ -142,10 +157,15 @@ def _likely_cause(end):
     rank killed (SIGKILL, SIGSEGV, ...), then a rank that vanished, then the ranks the
     launcher ended afterwards."""
     if end.code is None:
-        return 2
+        return 3 if end.left_running else 2
     if end.code > 0:
         return 0
     return 3 if -end.code in [int(s) for s in _ENDING_SIGNALS] else 1
+
+
+def _lowest(ranks):
+    numbers = [int(r) for r in ranks if str(r).isdigit()]
+    return (min(numbers), "") if numbers else (float("inf"), min(str(r) for r in ranks))
 
 
 def _ranges(ranks):

@@ -20,13 +20,13 @@ import platform
 import secrets
 import shlex
 import shutil
-import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
 
-from kdist import _prefix, _rank_ends
+from kdist import _left_behind, _prefix, _rank_ends
 
 
 def find_mpiexec():
@@ -211,6 +211,7 @@ def _run_and_report(argv, env, n, elastic, verb):
     if _mpi_flavour(argv[0]) == "openmpi":
         argv = argv[:1] + ["-x", _prefix.TOKEN_VARIABLE] + argv[1:]
     ends = _rank_ends.Ends(n)
+    adopts = _left_behind.become_subreaper()
     process = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE)
     relayed = {"at_line_start": True}
 
@@ -222,11 +223,16 @@ def _run_and_report(argv, env, n, elastic, verb):
     relaying = threading.Thread(target=relay, daemon=True)
     relaying.start()
     try:
-        launcher, ended_it = _wait_for_launcher(process, ends)
+        launcher, ended_it, seen_below = _wait_for_launcher(process, ends)
     except KeyboardInterrupt:
         # The launcher got the same interrupt (one process group) and ends the ranks.
-        launcher, ended_it = process.wait(), False
-    # What the launcher wrote last; a process it left behind may hold the pipe open.
+        launcher, ended_it, seen_below = process.wait(), False, []
+    # Orphans of the launcher are this process's children now (see kdist/_left_behind.py).
+    left = _left_behind.descendants(os.getpid()) if adopts else seen_below
+    left_names = sorted({_left_behind.name(pid) for pid in left})
+    ends.left_running(left, socket.gethostname())
+    _left_behind.end(left)
+    # What the launcher wrote last; a process that escaped the above may hold the pipe.
     relaying.join(LAUNCHER_GRACE)
     if not relayed["at_line_start"]:
         # A bar or a line cut short: the verdict goes on a line of its own.
@@ -240,6 +246,9 @@ def _run_and_report(argv, env, n, elastic, verb):
     elif ended_it:
         summary += (f" The launcher had not exited {LAUNCHER_GRACE:g} s after the last of "
                     "these ended (it waits for a lost host); kdist run ended it.")
+    if left and not ended_it:
+        summary += (f" The launcher left {len(left)} process(es) running "
+                    f"({', '.join(left_names)}); kdist run ended them.")
     print(summary, file=sys.stderr, flush=True)
     return status
 
@@ -255,11 +264,12 @@ def _wait_for_launcher(process, ends):
     """Waits for the launcher; ends it when every rank the job counts on has ended and it
     lingers past LAUNCHER_GRACE, or START_FAILED_GRACE after a rank gave up waiting for
     the others to start (a fault-tolerant launcher would wait for them for ever).
-    Returns (its status, whether kdist run ended it)."""
+    Returns (its status, whether kdist run ended it, the processes that were below it
+    when kdist run ended it)."""
     all_ended_at = None
     while True:
         try:
-            return process.wait(timeout=1.0), False
+            return process.wait(timeout=1.0), False, []
         except subprocess.TimeoutExpired:
             pass
         if not (ends.all_ended() or ends.cannot_start):
@@ -269,7 +279,7 @@ def _wait_for_launcher(process, ends):
         grace = START_FAILED_GRACE if ends.cannot_start else LAUNCHER_GRACE
         if time.monotonic() - all_ended_at > grace:
             # Its remote-shell clients wait for the lost host too, and hold our output.
-            left_behind = _descendants(process.pid)
+            below = _left_behind.descendants(process.pid)
             with contextlib.suppress(ProcessLookupError):  # it may end just now
                 process.terminate()
             try:
@@ -277,31 +287,7 @@ def _wait_for_launcher(process, ends):
             except subprocess.TimeoutExpired:
                 process.kill()
                 status = process.wait()
-            for pid in left_behind:
-                with contextlib.suppress(OSError):
-                    os.kill(pid, signal.SIGKILL)
-            return status, True
-
-
-def _descendants(pid):
-    """The processes below `pid` (Linux's /proc; none elsewhere)."""
-    children = {}
-    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as stat:
-                # The parent is the second field after the command's closing parenthesis.
-                parent = int(stat.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(parent, []).append(int(entry))
-    found, waiting = [], [pid]
-    while waiting:
-        for child in children.get(waiting.pop(), []):
-            found.append(child)
-            waiting.append(child)
-    return found
+            return status, True, below
 
 
 def _launch(args):

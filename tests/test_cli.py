@@ -231,6 +231,48 @@ def test_an_elastic_run_survives_lost_ranks_but_not_a_rank_that_failed():
     assert nobody.exit_status(0, elastic=True) == 1
 
 
+def test_what_a_launcher_leaves_running_is_ended_with_it(tmp_path):
+    # A launcher that gives up on a lost host may exit and leave that host's remote shell
+    # (or one of its own ranks) running, holding kdist run's output open: a `kdist run |
+    # tee` would wait for it. Here the "launcher" leaves a process of its own session
+    # behind, outside its process group, and exits.
+    pid_file = tmp_path / "left.pid"
+    launcher = ["sh", "-c", f"setsid sleep 600 & echo $! > {pid_file}; exit 0"]
+    code = ("import os, sys; from kdist import cli; "
+            f"sys.exit(cli._run_and_report({launcher!r}, dict(os.environ), 1, False, 'run'))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60)
+    left = int(pid_file.read_text())
+    assert not os.path.exists(f"/proc/{left}") or "Z" in open(f"/proc/{left}/stat").read()
+    last = done.stderr.strip().splitlines()[-1]
+    assert done.returncode == 1 and "rank 0 never started" in last, done.stderr
+    assert "The launcher left 1 process(es) running (" in last  # named as it was then
+    assert last.endswith("); kdist run ended them.")
+
+
+def test_a_job_line_names_its_ranks_in_order_whatever_order_they_started_in():
+    from kdist._rank_ends import Ends
+
+    ends = Ends(4)
+    for rank in (2, 3, 0, 1):  # the other host's ranks started first
+        ends.add(f"start rank={rank} host=h{rank // 2} pid={rank}")
+    for rank in (0, 1):
+        ends.add(f"end rank={rank} host=h0 pid={rank} code=0")
+    assert ends.summary("run", 0, 0).startswith(
+        "kdist run: exit status 0: ranks 0-1 ended cleanly; ranks 2-3 never reported their "
+        "end (host h1")
+    # A launcher that gave up on host h1 exited and left rank 0 running on this host.
+    lost = Ends(2)
+    lost.add("start rank=0 host=h0 pid=5")
+    lost.add("start rank=1 host=h1 pid=5")
+    lost.left_running([5, 6], "h0")
+    assert lost.exit_status(0) == 1
+    assert lost.summary("run", 1, 0) == (
+        "kdist run: exit status 1 (the launcher exited 0): rank 0 was left running by the "
+        "launcher on host h0 (kdist run ended it); rank 1 never reported its end (host h1: "
+        "lost, or the rank was killed with its wrapper).")
+
+
 def test_the_job_has_ended_once_the_ranks_it_goes_on_with_have_ended():
     # kdist run ends a launcher that outlives these by LAUNCHER_GRACE (it waits for a
     # lost host): tests/test_hosts.py takes a host off the network for the whole story.
