@@ -76,6 +76,22 @@ def name(pid):
         return "?"
 
 
+# kdist's own clocks (kdist/comm/_clock.py), which a rank leaves to watch its exit or its
+# launcher and which end by themselves soon after: not worth a word when ended.
+_CLOCK = os.path.realpath(os.path.join(os.path.dirname(__file__), "comm", "_clock.py"))
+
+
+def is_kdist_clock(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+            arguments = cmdline.read().decode(errors="replace").split("\0")
+        working = os.readlink(f"/proc/{pid}/cwd")
+    except OSError:
+        return False
+    return any(os.path.basename(a) == "_clock.py"
+               and os.path.realpath(os.path.join(working, a)) == _CLOCK for a in arguments)
+
+
 def end(pids, grace=3.0):
     """Ends `pids`: SIGTERM (a rank's wrapper passes it on, a remote shell closes), then
     SIGKILL for whatever still runs `grace` seconds later. Reaps those that are this

@@ -228,10 +228,11 @@ def _run_and_report(argv, env, n, elastic, verb):
         # The launcher got the same interrupt (one process group) and ends the ranks.
         launcher, ended_it, seen_below = process.wait(), False, []
     # Orphans of the launcher are this process's children now (see kdist/_left_behind.py).
-    left = _left_behind.descendants(os.getpid()) if adopts else seen_below
+    below = _left_behind.descendants(os.getpid()) if adopts else seen_below
+    left = [pid for pid in below if not _left_behind.is_kdist_clock(pid)]
     left_names = sorted({_left_behind.name(pid) for pid in left})
     ends.left_running(left, socket.gethostname())
-    _left_behind.end(left)
+    _left_behind.end(below)
     # What the launcher wrote last; a process that escaped the above may hold the pipe.
     relaying.join(LAUNCHER_GRACE)
     if not relayed["at_line_start"]:

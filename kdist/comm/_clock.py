@@ -84,6 +84,27 @@ def _say(text, to=None):
         pass
 
 
+def start(after=0.0, message="", record="", kill_parent=False, launcher=None,
+          launcher_grace=0.0, launcher_message="", speak_through_parent=False, quiet=True,
+          own_session=False):
+    """Starts a clock for the calling process (see the module's text); returns its Popen.
+
+    `quiet`: the clock holds none of the caller's output (it writes only through
+    `speak_through_parent` or to the launcher's); `own_session`: the launcher's end of
+    the caller's process group does not reach it."""
+    import subprocess
+
+    argv = [sys.executable, "-I", os.path.abspath(__file__), "--parent", str(os.getpid()),
+            "--after", str(after), "--message", message, "--record", record,
+            "--launcher", str(launcher or 0), "--launcher-grace", str(launcher_grace),
+            "--launcher-message", launcher_message]
+    argv += ["--kill-parent"] if kill_parent else []
+    argv += ["--speak-through-parent"] if speak_through_parent else []
+    output = subprocess.DEVNULL if quiet else None
+    return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=output, stderr=output,
+                            start_new_session=own_session)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser()
     parser.add_argument("--parent", type=int, required=True)

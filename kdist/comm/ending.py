@@ -142,18 +142,13 @@ def _bound_the_exit():
     """Leaves a clock (kdist/comm/_clock.py) that kills this process if it is still there
     30 s after KDIST_EXIT_TIMEOUT: Open MPI's fault-tolerant MPI_Finalize can wait for
     ever for a peer that crashed inside its own (seen after a link flapped)."""
-    import subprocess
-
     from kdist.comm import _clock
 
     bound = float(os.environ.get("KDIST_EXIT_TIMEOUT", "30")) + 30.0
     message = (f"[kdist] This process, a rank that finished, was still ending "
                f"{bound:g} s later (MPI_Finalize waits for a peer that crashed or "
                "vanished); killing it.")
-    subprocess.Popen([sys.executable, "-I", _clock.__file__, "--parent", str(os.getpid()),
-                      "--after", str(bound), "--message", message, "--kill-parent",
-                      "--speak-through-parent"], stdin=subprocess.DEVNULL,
-                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _clock.start(after=bound, message=message, kill_parent=True, speak_through_parent=True)
 
 
 # How long the launcher may take to end the job after the survivors' MPI_Abort.
@@ -165,8 +160,6 @@ def watch_the_launcher(after):
     if it still waits LAUNCHER_GRACE seconds from now (`after`: what it was told, for the
     message): Open MPI's waits for the daemon of a host it cannot reach (a partition)
     until TCP gives up, 15 minutes. Not under `kdist run`, which ends it itself."""
-    import subprocess
-
     from kdist.comm import _clock
 
     if os.environ.get(_prefix.TOKEN_VARIABLE):
@@ -179,10 +172,7 @@ def watch_the_launcher(after):
                "is not 0.")
     # A session of its own: the launcher ends the rank's process group with it. No hold
     # on the rank's output either: the launcher waits for that to close.
-    subprocess.Popen([sys.executable, "-I", _clock.__file__, "--parent", str(os.getpid()),
-                      "--launcher", str(launcher), "--launcher-grace", str(LAUNCHER_GRACE),
-                      "--launcher-message", message],
-                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                     stderr=subprocess.DEVNULL, start_new_session=True)
+    _clock.start(launcher=launcher, launcher_grace=LAUNCHER_GRACE, launcher_message=message,
+                 own_session=True)
 
 

@@ -10,7 +10,6 @@ script's own MPI messages can never meet kdist's.
 import logging
 import os
 import socket
-import subprocess
 import sys
 
 from kdist import _prefix
@@ -285,11 +284,10 @@ class _StartDeadline:
             "gave up starting (for a host it cannot reach); ending it.")
         record = _prefix.record_text("start-timeout", rank=_prefix.launcher_rank(),
                                      host=socket.gethostname(), pid=os.getpid())
-        self._clock = subprocess.Popen(
-            [sys.executable, "-I", _clock.__file__, "--parent", str(os.getpid()),
-             "--after", str(self.seconds), "--message", message, "--record", record,
-             "--kill-parent", "--launcher", str(launcher or 0), "--launcher-grace",
-             str(grace), "--launcher-message", later], stdin=subprocess.DEVNULL)
+        # It speaks on the rank's own output: the record must reach kdist run.
+        self._clock = _clock.start(after=self.seconds, message=message, record=record,
+                                   kill_parent=True, launcher=launcher, launcher_grace=grace,
+                                   launcher_message=later, quiet=False)
 
     def cancel(self):
         if self._clock is not None:
