@@ -250,6 +250,29 @@ def test_what_a_launcher_leaves_running_is_ended_with_it(tmp_path):
     assert last.endswith("); kdist run ended them.")
 
 
+def test_kdist_run_tells_its_own_clocks_from_what_a_launcher_left(tmp_path):
+    # A rank's clock (kdist/comm/_clock.py) may outlive it by a moment; kdist run ends it
+    # without counting it among what the launcher left behind.
+    from kdist import _left_behind
+    from kdist.comm import _clock
+
+    clock = subprocess.Popen([sys.executable, "-I", os.path.relpath(_clock.__file__),
+                              "--parent", str(os.getpid()), "--after", "60"])
+    other = subprocess.Popen(["sleep", "60"])
+    try:
+        deadline = time.monotonic() + 30
+        while not _left_behind.is_kdist_clock(clock.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)  # until the interpreter has started
+        assert _left_behind.is_kdist_clock(clock.pid)
+        assert not _left_behind.is_kdist_clock(other.pid)
+        _left_behind.end([clock.pid, other.pid])
+        assert clock.wait(10) is not None and other.wait(10) is not None
+    finally:
+        for process in (clock, other):
+            process.kill()
+            process.wait()
+
+
 def test_a_job_line_names_its_ranks_in_order_whatever_order_they_started_in():
     from kdist._rank_ends import Ends
 
