@@ -54,3 +54,16 @@ def global_batches(steps, global_batch, inputs=12, classes=4, seed=7):
     w = rng.normal(size=(inputs, classes))
     y = np.argmax(x @ w + 0.5 * rng.normal(size=(steps, global_batch, classes)), axis=-1)
     return x, y.astype("int64")
+
+
+def digits_dataset(shuffle_seed, batch=32):
+    """Scikit-learn's 8x8 digits (shipped, no download) as Horovod's MNIST examples feed
+    theirs: repeated, shuffled with `shuffle_seed`, batched. Returns (dataset, digits)."""
+    import tensorflow as tf
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    dataset = tf.data.Dataset.from_tensor_slices(
+        (tf.cast(digits.images[..., tf.newaxis] / 16.0, tf.float32),
+         tf.cast(digits.target, tf.int64)))
+    return dataset.repeat().shuffle(1000, seed=shuffle_seed).batch(batch), digits

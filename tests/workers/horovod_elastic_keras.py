@@ -15,7 +15,7 @@ import numpy as np
 import tensorflow as tf
 
 import kdist as hvd  # was: import horovod.tensorflow.keras as hvd
-from common import flat_weights, report
+from common import digits_dataset, flat_weights, report
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--steps", type=int, default=24)
@@ -24,13 +24,7 @@ args = parser.parse_args()
 
 hvd.init()
 
-from sklearn.datasets import load_digits  # noqa: E402
-
-digits = load_digits()
-dataset = tf.data.Dataset.from_tensor_slices(
-    (tf.cast(digits.images[..., tf.newaxis] / 16.0, tf.float32),
-     tf.cast(digits.target, tf.int64)))
-dataset = dataset.repeat().shuffle(1000, seed=hvd.rank()).batch(32)
+dataset, digits = digits_dataset(shuffle_seed=hvd.rank())
 
 # No seed: each rank starts from weights of its own, as in the example.
 model = tf.keras.Sequential([

@@ -11,7 +11,7 @@ import numpy as np
 import tensorflow as tf
 
 import kdist as hvd  # was: import horovod.tensorflow.keras as hvd
-from common import flat_weights, report
+from common import digits_dataset, flat_weights, report
 
 
 def main(checkpoints):
@@ -23,13 +23,7 @@ def main(checkpoints):
     if gpus:
         tf.config.experimental.set_visible_devices(gpus[hvd.local_rank()], "GPU")
 
-    from sklearn.datasets import load_digits
-
-    digits = load_digits()
-    dataset = tf.data.Dataset.from_tensor_slices(
-        (tf.cast(digits.images[..., tf.newaxis] / 16.0, tf.float32),
-         tf.cast(digits.target, tf.int64)))
-    dataset = dataset.repeat().shuffle(1000, seed=hvd.rank()).batch(32)
+    dataset, digits = digits_dataset(shuffle_seed=hvd.rank())
 
     mnist_model = tf.keras.Sequential([
         tf.keras.layers.Conv2D(8, [3, 3], activation="relu"),
