@@ -43,6 +43,27 @@ def test_survivors_shrink_restore_the_last_commit_and_finish_identically(mpi_job
 
 
 @pytest.mark.mpi
+def test_a_custom_loops_traced_step_goes_on_with_the_survivors(mpi_job):
+    # Horovod's elastic TF2 example: the tf.function step is traced while the job has all
+    # its ranks, and is not traced again after one is lost. Its collectives must reach the
+    # survivors' communicator (they look it up each time they run).
+    """Its own job: a rank dies and the survivors shrink the world under Open MPI's fault
+    tolerance, which a shared world cannot lend.
+    """
+    job = mpi_job("horovod_elastic_loop.py", n=3, args=["--lose-rank", 2, "--at-batch", 6],
+                  fault_tolerant=True, check=False, timeout=180)
+    survivors = _survivors(job, 2)
+    for out in survivors:
+        assert out["size"] == 2 and out["batch"] == 24 and out["sizes_at_reset"] == [2]
+        assert out["learning_rate"] == pytest.approx(0.002)
+        # Rows 1 and 2 (the survivors' ranks + 1) summed and divided by 2, not by 3.
+        assert out["sparse_average"] == pytest.approx([1.5, 1.5])
+    assert survivors[0]["weights"] == survivors[1]["weights"]
+    assert "1 rank(s) lost; carrying on with 2" in job.output
+    assert job.returncode == 0, job.output[-3000:]
+
+
+@pytest.mark.mpi
 def test_a_stopped_rank_is_declared_dead_and_ended_so_the_job_finishes(mpi_job):
     """Its own job: a rank is stopped and declared dead; the job's processes are the subject."""
     job = mpi_job(WORKER, n=3, args=["--lose-rank", 1, "--how", "stop"], fault_tolerant=True,

@@ -142,7 +142,9 @@ def _allreduce_sparse(slices, op, comm):
     values = allgather(slices.values, comm=comm)
     indices = allgather(slices.indices, comm=comm)
     if op == Average:
-        values = values / tf.cast(comm.size, values.dtype)
+        from kdist.comm import graph_ops
+
+        values = values / graph_ops.size_when_run(comm, values.dtype)
     return tf.IndexedSlices(values, indices, dense_shape=slices.dense_shape)
 
 

@@ -109,11 +109,16 @@ class Communicator:
     def adopt(self, mpi_comm):
         """Makes this object stand for `mpi_comm` from now on (after ranks died).
 
-        Everything that holds this `Communicator` talks to the new group, but
-        graphs traced before hold the old one's handle and must be traced again.
+        Everything that holds this `Communicator` talks to the new group, graphs
+        traced before included: their ops look the old handle up each time they run
+        (kdist::CurrentComm). The old MPI communicator is kept, not freed, so that MPI
+        never gives its handle to another.
         """
+        from kdist.comm import native
+
         with self.lock:
             self._retire_queue()
+            native.rebind_communicator(self.fortran_handle, mpi_comm.py2f())
             self._comm = mpi_comm
             self.rank = mpi_comm.Get_rank()
             self.size = mpi_comm.Get_size()
@@ -121,7 +126,10 @@ class Communicator:
 
     def free(self):
         if self._comm is not None:
+            from kdist.comm import native
+
             self._retire_queue()
+            native.forget_communicator(self.fortran_handle)
             self._comm.Free()
             self._comm = None
 

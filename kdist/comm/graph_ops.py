@@ -20,6 +20,7 @@ import numpy as np
 import tensorflow as tf
 
 from kdist import _tf_private
+from kdist.comm import ending
 from kdist.comm import job
 from kdist.comm import protocol
 from kdist.comm.communicator import protocol_op
@@ -207,6 +208,27 @@ def _native_ops(comm):
     return native.load()
 
 
+def single_rank(comm):
+    """Whether a collective on `comm` may be left out of what is built here: it has one
+    rank now and whenever that runs. Not in a graph of a fault-tolerant job, whose world
+    may grow again after the graph was traced (replacements join): there the ops stay,
+    and look their communicator up each time they run."""
+    if comm.size != 1:
+        return False
+    return comm.mpi is None or tf.executing_eagerly() or not ending.fault_tolerant()
+
+
+def size_when_run(comm, dtype):
+    """`comm`'s number of ranks as a `dtype` tensor, as it is when what is built here
+    runs: in a graph of a fault-tolerant job the world may shrink or grow after it was
+    traced (the world's size then comes from `kdist.size_op`)."""
+    if comm is job.world() and not tf.executing_eagerly() and ending.fault_tolerant():
+        from kdist.comm import process_ops
+
+        return tf.cast(process_ops.size_op(), dtype)
+    return tf.cast(comm.size, dtype)
+
+
 def _dtype_code(dtype):
     return protocol.dtype_code(np.dtype(tf.as_dtype(dtype).as_numpy_dtype))
 
@@ -234,7 +256,7 @@ def allreduce(tensors, comm, op="sum", average=False, prescale=1.0, postscale=1.
             tensors = [scale_integers(t, prescale) for t in tensors]
         summed = allreduce(tensors, comm, op=op, label=label)
         return [scale_integers(t, postscale) if postscale != 1.0 else t for t in summed]
-    if comm.size == 1:
+    if single_rank(comm):
         factor = prescale * postscale
         return [t if factor == 1.0 else t * tf.cast(factor, dtype) for t in tensors]
     mpi_op = protocol_op(op)
@@ -277,7 +299,7 @@ def allgather(tensor, comm, label=""):
     if tensor.shape.rank == 0:
         raise ValueError("allgather needs a tensor of at least one dimension; got a scalar.")
     _dtype_code(tensor.dtype)
-    if comm.size == 1:
+    if single_rank(comm):
         return tf.identity(tensor)
     ops = _native_ops(comm)
     if ops is not None:
@@ -299,7 +321,7 @@ def broadcast(tensor, comm, root=0, label=""):
     tensor = tf.convert_to_tensor(tensor)
     _dtype_code(tensor.dtype)
     comm._check_root(root)
-    if comm.size == 1:
+    if single_rank(comm):
         return tf.identity(tensor)
     ops = _native_ops(comm)
     if ops is not None:

@@ -390,6 +390,10 @@ def replace_world(mpi_comm):
             _state.watch = mpi_comm.Dup()
         gathered = mpi_comm.allgather((socket.gethostname(), _prefix.launcher_rank()))
         _state.hosts = [host for host, _ in gathered]
+    # Graphs traced before read the sizes and this rank from variables (`kdist.size_op`).
+    from kdist.comm import process_ops
+
+    process_ops.refresh()
     if world.rank == 0:
         # So that `kdist run` knows which ranks the job goes on with, and does not wait
         # for a launcher that waits for a lost host once these have ended.

@@ -98,7 +98,7 @@ class TensorReducer:
 
         comm = self.comm
         tensors = list(tensors)
-        if comm.size == 1 and self.prescale_factor * self.postscale_factor == 1.0:
+        if graph_ops.single_rank(comm) and self.prescale_factor * self.postscale_factor == 1.0:
             return tensors
         present = [i for i, t in enumerate(tensors) if t is not None]
         dense = {i: tf.convert_to_tensor(tensors[i]) for i in present}

@@ -107,9 +107,10 @@ class GradientReduction:
         """
         import tensorflow as tf
 
+        from kdist.comm import graph_ops
+
         grads = list(grads)
-        size = self.comm.size
-        if size == 1:
+        if graph_ops.single_rank(self.comm):
             return grads
         keys = self.local_keys()
         local = [self.is_local(v, keys) for v in (variables or [None] * len(grads))]
@@ -130,18 +131,20 @@ class GradientReduction:
         if self.scale_local_gradients:
             for i, grad in enumerate(grads):
                 if grad is not None and local[i]:
-                    reduced[i] = divide(grad, size)
+                    reduced[i] = divide(grad, graph_ops.size_when_run(self.comm, _dtype(grad)))
         return reduced
 
     def _reduce_slices(self, grad):
         """A sparse gradient's reduction: every rank's rows, gathered (and averaged)."""
         import tensorflow as tf
 
+        from kdist.comm import graph_ops
+
         values = collectives.allgather(grad.values, comm=self.comm, name=f"{self.name}_values")
         indices = collectives.allgather(grad.indices, comm=self.comm,
                                         name=f"{self.name}_indices")
         if self.op == Average:
-            values = values / self.comm.size
+            values = values / graph_ops.size_when_run(self.comm, values.dtype)
         return tf.IndexedSlices(values, indices, dense_shape=grad.dense_shape)
 
     def _group_positions(self, variables):
@@ -242,6 +245,12 @@ def local_layer_list(local_layers, error=TypeError):
         if not isinstance(layer, keras.layers.Layer):
             raise error(f"local_layers must be Keras layers; got {type(layer).__name__}.")
     return layers
+
+
+def _dtype(grad):
+    import tensorflow as tf
+
+    return (grad.values if isinstance(grad, tf.IndexedSlices) else grad).dtype
 
 
 def divide(grad, size):

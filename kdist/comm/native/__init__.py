@@ -249,6 +249,24 @@ def retire_fusion_queue(fortran_handle):
     _c_function("kdist_fusion_retire", None, [ctypes.c_int64])(int(fortran_handle))
 
 
+def rebind_communicator(old_handle, new_handle):
+    """Makes the ops built with communicator `old_handle` run on `new_handle` from now on
+    (a fault-tolerant job's world after ranks were lost): a traced step goes on with the
+    survivors. A no-op before the ops load, when no op can hold the old handle."""
+    if _ops_library is None or old_handle is None or new_handle is None:
+        return
+    _c_function("kdist_comm_rebind", None, [ctypes.c_int64, ctypes.c_int64])(
+        int(old_handle), int(new_handle))
+
+
+def forget_communicator(fortran_handle):
+    """Drops what `rebind_communicator` recorded for a communicator about to be freed,
+    whose handle MPI may give to the next one it creates."""
+    if _ops_library is None or fortran_handle is None:
+        return
+    _c_function("kdist_comm_forget", None, [ctypes.c_int64])(int(fortran_handle))
+
+
 def fusion_queue_count():
     """How many communicators have a live fusion queue in this process (0 before the ops load)."""
     if _ops_library is None:

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <mutex>
 #include <type_traits>
+#include <unordered_map>
 #include <vector>
 
 #include "Eigen/Core"
@@ -659,7 +660,51 @@ Status Broadcast(MPI_Comm comm, void* buffer, int64_t count, int64_t dtype, int 
                "MPI_Bcast", description);
 }
 
+namespace {
+
+// Old Fortran handle -> the handle it stands for now (see CurrentComm). An old
+// communicator is kept, never freed, while it has an entry, so MPI cannot hand
+// its handle to another one.
+std::mutex g_rebound_mutex;
+std::unordered_map<int64_t, int64_t>* g_rebound = new std::unordered_map<int64_t, int64_t>();
+std::atomic<bool> g_any_rebound{false};
+
+}  // namespace
+
+MPI_Comm CurrentComm(int64_t fortran_handle) {
+  if (g_any_rebound.load(std::memory_order_acquire)) {
+    std::lock_guard<std::mutex> lock(g_rebound_mutex);
+    auto found = g_rebound->find(fortran_handle);
+    if (found != g_rebound->end()) fortran_handle = found->second;
+  }
+  return MPI_Comm_f2c(static_cast<MPI_Fint>(fortran_handle));
+}
+
 }  // namespace kdist
+
+// Ops built with communicator `from` use `to` from now on; those that were
+// already rebound to `from` follow.
+extern "C" void kdist_comm_rebind(int64_t from, int64_t to) {
+  std::lock_guard<std::mutex> lock(kdist::g_rebound_mutex);
+  for (auto& entry : *kdist::g_rebound) {
+    if (entry.second == from) entry.second = to;
+  }
+  (*kdist::g_rebound)[from] = to;
+  kdist::g_any_rebound.store(true, std::memory_order_release);
+}
+
+// Called before communicator `handle` is freed: MPI may give its handle to the
+// next communicator it creates, which nothing rebound must reach.
+extern "C" void kdist_comm_forget(int64_t handle) {
+  std::lock_guard<std::mutex> lock(kdist::g_rebound_mutex);
+  for (auto entry = kdist::g_rebound->begin(); entry != kdist::g_rebound->end();) {
+    if (entry->first == handle || entry->second == handle) {
+      entry = kdist::g_rebound->erase(entry);
+    } else {
+      ++entry;
+    }
+  }
+}
 
 extern "C" int64_t kdist_native_wait(char* what, int64_t length) {
   const int64_t since = kdist::g_wait_since.load();

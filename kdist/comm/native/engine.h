@@ -55,6 +55,13 @@ enum DType : int64_t {
   kUInt64 = 23,
 };
 
+// The communicator that the one with Fortran handle `fortran_handle` stands for now.
+// A fault-tolerant job's world takes a new MPI communicator when ranks are lost
+// (Communicator.adopt in Python), while graphs traced before name the old one in
+// their ops' attributes: ops resolve their handle each time they run, so that a
+// traced train step goes on with the survivors.
+MPI_Comm CurrentComm(int64_t fortran_handle);
+
 struct Status {
   bool ok = true;
   std::string message;

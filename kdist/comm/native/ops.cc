@@ -20,14 +20,13 @@ constexpr char kNumericTypes[] =
     "T: {float, double, half, bfloat16, int32, int64, uint8, int8, int16, uint16, uint32, "
     "uint64, bool}";
 
-MPI_Comm CommAttr(OpKernelConstruction* context) {
+// The communicator's Fortran handle, resolved each time the op runs
+// (kdist::CurrentComm): a fault-tolerant job may have replaced it since.
+int64_t CommAttr(OpKernelConstruction* context) {
   int64_t handle = 0;
   Status status = context->GetAttr("comm", &handle);
-  if (!status.ok()) {
-    context->CtxFailure(__FILE__, __LINE__, status);
-    return MPI_COMM_NULL;
-  }
-  return MPI_Comm_f2c(static_cast<MPI_Fint>(handle));
+  if (!status.ok()) context->CtxFailure(__FILE__, __LINE__, status);
+  return handle;
 }
 
 // Ranks that run different collectives fail with FailedPrecondition, as
@@ -43,7 +42,7 @@ MPI_Comm CommAttr(OpKernelConstruction* context) {
 
 // The attributes both allreduce ops take.
 struct ReductionAttrs {
-  MPI_Comm comm = MPI_COMM_NULL;
+  int64_t comm = 0;  // a Fortran handle: see CommAttr
   int64_t dtype = 1;
   int64_t op = 1;
   bool average = false;
@@ -111,8 +110,8 @@ class KdistAllreduceOp : public OpKernel {
     }
     const ReductionAttrs& a = attrs_;
     kdist::Status status = kdist::FusedAllreduce(
-        a.comm, n, in.data(), out.data(), counts.data(), a.dtype, a.op, a.average, a.prescale,
-        a.postscale, a.direct_bytes, Label(shapes), shape_keys.data());
+        kdist::CurrentComm(a.comm), n, in.data(), out.data(), counts.data(), a.dtype, a.op,
+        a.average, a.prescale, a.postscale, a.direct_bytes, Label(shapes), shape_keys.data());
     OP_REQUIRES(context, status.ok, ToTensorFlow(status));
   }
 
@@ -200,7 +199,7 @@ class KdistAllreduceAsyncOp : public AsyncOpKernel {
       if (!status.ok) context->SetStatus(ToTensorFlow(status));
       done();
     };
-    kdist::EnqueueAllreduce(attrs_.comm, std::move(request));
+    kdist::EnqueueAllreduce(kdist::CurrentComm(attrs_.comm), std::move(request));
   }
 
  private:
@@ -254,7 +253,8 @@ class KdistAllgatherOp : public OpKernel {
     Tensor* output = nullptr;
     Status allocation;
     kdist::Status status = kdist::Allgather(
-        comm_, input.data(), rows, row_shape.num_elements(), dtype_, label_,
+        kdist::CurrentComm(comm_), input.data(), rows, row_shape.num_elements(), dtype_,
+        label_,
         [&](int64_t total) -> void* {
           TensorShape shape = row_shape;
           shape.InsertDim(0, total);
@@ -266,7 +266,7 @@ class KdistAllgatherOp : public OpKernel {
   }
 
  private:
-  MPI_Comm comm_;
+  int64_t comm_ = 0;  // a Fortran handle: see CommAttr
   int64_t dtype_ = 1;
   std::string label_;
 };
@@ -305,13 +305,14 @@ class KdistBroadcastOp : public OpKernel {
     if (output->data() != input.data() && input.TotalBytes() > 0) {
       std::memcpy(output->data(), input.data(), input.TotalBytes());
     }
-    kdist::Status status = kdist::Broadcast(comm_, output->data(), input.NumElements(), dtype_,
-                                            static_cast<int>(root_), label_);
+    kdist::Status status =
+        kdist::Broadcast(kdist::CurrentComm(comm_), output->data(), input.NumElements(),
+                         dtype_, static_cast<int>(root_), label_);
     OP_REQUIRES(context, status.ok, ToTensorFlow(status));
   }
 
  private:
-  MPI_Comm comm_;
+  int64_t comm_ = 0;  // a Fortran handle: see CommAttr
   int64_t dtype_ = 1;
   int64_t root_ = 0;
   std::string label_;

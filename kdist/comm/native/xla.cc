@@ -73,9 +73,7 @@ Settings Lookup(int64_t index) {
   return (*g_settings)[index];
 }
 
-MPI_Comm Comm(const Settings& settings) {
-  return MPI_Comm_f2c(static_cast<MPI_Fint>(settings.comm));
-}
+MPI_Comm Comm(const Settings& settings) { return kdist::CurrentComm(settings.comm); }
 
 ffi::Error ToError(const kdist::Status& status) {
   if (status.ok) return ffi::Error::Success();
