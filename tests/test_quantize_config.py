@@ -408,6 +408,21 @@ def test_inputs_are_quantised_and_their_ranges_can_be_fixed_or_removed():
     np.testing.assert_allclose(probe.predict(x[:2], verbose=0), x[:2])
 
 
+def test_a_fixed_output_range_takes_its_own_bits_and_narrow_range():
+    # tfmot's fix_input_output_range quantises outputs with a FixedQuantizer of its own
+    # arguments: 4 bits narrow over [-7, 7] is the 15 integers -7..7 (wide: steps of 14/15).
+    model = qk.quantize_model(keras.Sequential([keras.Input((3,)), keras.layers.Dense(4)]))
+    fixed = qk.fix_input_output_range(model, num_bits=4, input_min=-7.0, input_max=7.0,
+                                      output_min=-7.0, output_max=7.0, narrow_range=True)
+    head = fixed.layers[-1]
+    assert (head.output_bits, head.output_narrow_range) == (4, True)
+    out = fixed.predict(np.random.default_rng(1).normal(size=(32, 3)) * 5, verbose=0)
+    np.testing.assert_allclose(out, np.round(out), atol=1e-5)
+    assert out.min() >= -7.0 and out.max() <= 7.0
+    again = type(head).from_config(head.get_config())
+    assert (again.output_bits, again.output_narrow_range) == (4, True)
+
+
 def test_a_configured_output_layer_gets_the_fixed_range_through_its_config():
     with qk.quantize_scope({"DenseAsTfmot": DenseAsTfmot}):
         model = qk.quantize_apply(qk.quantize_annotate_model(keras.Sequential([

@@ -232,7 +232,8 @@ def fix_input_output_range(model, num_bits=8, input_min=0.0, input_max=1.0, outp
                     layer.layer.get_weights() if layer.built else None)
         if isinstance(layer, QuantizeAware):
             config = layer.get_config()
-            config["output_range"] = (output_min, output_max)
+            config.update(output_range=(output_min, output_max), output_bits=num_bits,
+                          output_narrow_range=narrow_range)
             config["layer"] = fresh_copy(layer.layer)
             fixed = QuantizeAware.from_config(config)
             ranged.append(fixed)

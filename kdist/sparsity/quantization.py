@@ -114,11 +114,15 @@ class QuantizeAware(KernelWrapper):
             `export_hls4ml` then reproduces the model bit for bit.
         output_range: `(min, max)` to quantise the output over, fixed, instead
             of a range tracked in training (a known output range).
+        output_bits: the output's bits, if not `bits` (`fix_input_output_range`).
+        output_narrow_range: leave out the output grid's lowest level, so that it
+            is symmetric about zero (`2**output_bits - 1` levels).
     """
 
     def __init__(self, layer, bits=8, per_channel=True, activations=True,
                  preserve_sparsity=True, momentum=0.99, deferred_activation=None,
-                 fixed_point=False, output_range=None, **kwargs):
+                 fixed_point=False, output_range=None, output_bits=None,
+                 output_narrow_range=False, **kwargs):
         kwargs.setdefault("name", f"quantized_{layer.name}")
         super().__init__(layer, **kwargs)
         base = self.base_layer
@@ -147,6 +151,8 @@ class QuantizeAware(KernelWrapper):
                                  f"{output_range!r}.")
             output_range = (low, high)
         self.output_range = output_range
+        self.output_bits = self.bits if output_bits is None else _check_bits(output_bits)
+        self.output_narrow_range = bool(output_narrow_range)
 
     def build_state(self, targets):
         if len(targets) != 1:
@@ -207,7 +213,7 @@ class QuantizeAware(KernelWrapper):
         else:
             quantized = keras.quantizers.fake_quant_with_min_max_vars(
                 ops.cast(outputs, "float32"), ops.stop_gradient(low), ops.stop_gradient(high),
-                num_bits=self.bits)
+                num_bits=self.output_bits, narrow_range=self.output_narrow_range)
         if not training and self.output_range is None:
             # Before any training step there is no range yet: pass values through.
             quantized = ops.where(self.range_seen > 0, quantized, ops.cast(outputs, "float32"))
@@ -227,7 +233,8 @@ class QuantizeAware(KernelWrapper):
         config.update(bits=self.bits, per_channel=self.per_channel,
                       activations=self.activations, preserve_sparsity=self.preserve_sparsity,
                       momentum=self.momentum, fixed_point=self.fixed_point,
-                      output_range=self.output_range,
+                      output_range=self.output_range, output_bits=self.output_bits,
+                      output_narrow_range=self.output_narrow_range,
                       deferred_activation=None if self.deferred_activation is None else
                       keras.activations.serialize(self.deferred_activation))
         return config
