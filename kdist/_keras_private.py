@@ -109,6 +109,134 @@ def inbound_tensors(layer):
     return tensors
 
 
+def pass_on_input_shape(wrapper, layer):
+    """Makes `wrapper`, put in the place of `layer`, give a Sequential model an input as
+    `layer` would when made with `input_shape=`: the shape given to the wrapper itself
+    wins, else the layer's.
+
+    Keras keeps the `input_shape=` argument of a layer only privately, for `Sequential`
+    to add its `InputLayer`; nothing public reads or sets it. Relies on
+    `Layer._input_shape_arg`.
+    """
+    wrapper._input_shape_arg = (getattr(wrapper, "_input_shape_arg", None)
+                                or getattr(layer, "_input_shape_arg", None))
+
+
+def stored_kernel(layer):
+    """The variable a Keras layer keeps its kernel in (`Dense`, `EinsumDense`, the
+    convolutions), or None for a layer without one.
+
+    The public `kernel` of these layers is a property that returns a computed tensor,
+    not the variable, when LoRA or quantization is on; the variable has no public name.
+    Relies on `Layer._kernel`.
+    """
+    return getattr(layer, "_kernel", None)
+
+
+def own_layer_variables(layer):
+    """The variables `layer` saves as its own, without its sublayers', in the order
+    `save_own_variables` writes them: the trainable ones, then the others.
+
+    The public `trainable_weights` and `non_trainable_weights` include sublayers' and
+    follow `trainable`. Relies on `Layer._trainable_variables` and
+    `_non_trainable_variables`, the lists `Layer.load_own_variables` reads.
+    """
+    return layer._trainable_variables + layer._non_trainable_variables
+
+
+def attention_uses_gate(layer):
+    """Whether a `keras.layers.MultiHeadAttention` was made with `use_gate=True`
+    (False for a Keras without the argument).
+
+    The layer has no public attribute for it; its `get_config` holds it, but a
+    subclass's `get_config` may leave it out or need arguments the layer lacks.
+    Relies on `MultiHeadAttention._use_gate`.
+    """
+    return getattr(layer, "_use_gate", False)
+
+
+class MomentsThrough:
+    """`keras.layers.BatchNormalization` mixin: in training, the mean and variance a
+    batch is normalized with come from `self.batch_moments(inputs, mask, axes)`
+    (`axes` those Keras reduces over), which returns None to leave them to Keras.
+
+    `BatchNormalization` has no public hook for its statistics. Relies on
+    `BatchNormalization._moments(inputs, mask)`, which `call` takes them from, and
+    `_reduction_axes`, which `build` sets.
+    """
+
+    def _moments(self, inputs, mask):
+        moments = self.batch_moments(inputs, mask, self._reduction_axes)
+        return super()._moments(inputs, mask) if moments is None else moments
+
+
+def optimizer_own_variables(optimizer):
+    """The variables `optimizer` made itself (the list Keras keeps, not a copy), without
+    those of an optimizer it wraps, which a loss-scale optimizer's `variables` include.
+
+    Relies on `Optimizer._variables`, the list the base class's `variables` copies.
+    """
+    return optimizer._variables
+
+
+def optimizer_built_variables(optimizer):
+    """The variables `optimizer` was built for (`build(var_list)`), in their order: those
+    `apply` updates when it is given no variables.
+
+    Keras has no public name for them. Relies on `Optimizer._trainable_variables`.
+    """
+    return optimizer._trainable_variables
+
+
+def tensorboard_train_writer(callback):
+    """The summary writer of a `keras.callbacks.TensorBoard`'s training run, for a
+    subclass that writes its own scalars next to Keras's, in the same event files.
+
+    The callback does not expose its writers. Relies on `TensorBoard._train_writer`.
+    """
+    return callback._train_writer
+
+
+TF_KERAS_BATCH_MODES = ("train", "test", "predict")
+
+
+class AnswersTfKeras:
+    """Callback mixin: a Keras callback that tf_keras's `fit` can drive too (for a
+    tf_keras model, which kdist hands to tensorflow-model-optimization).
+
+    tf_keras's `CallbackList` asks each callback whether it takes its logs as tensors
+    (no: as NumPy values) and whether to call its batch hooks of each mode ("train",
+    "test", "predict"); the class using this mixin answers the latter with
+    `self.calls_batch_hooks(mode)`. Keras 3's callbacks have no such questions.
+
+    Relies on tf_keras's `Callback._supports_tf_logs` and
+    `_implements_train_batch_hooks`, `_implements_test_batch_hooks` and
+    `_implements_predict_batch_hooks`.
+    """
+
+    _supports_tf_logs = False
+
+    def _implements_train_batch_hooks(self):
+        return self.calls_batch_hooks("train")
+
+    def _implements_test_batch_hooks(self):
+        return self.calls_batch_hooks("test")
+
+    def _implements_predict_batch_hooks(self):
+        return self.calls_batch_hooks("predict")
+
+
+def calls_batch_hooks(callback, mode):
+    """A tf_keras callback's answer to whether tf_keras calls its batch hooks of `mode`
+    (one of `TF_KERAS_BATCH_MODES`), for a callback that hands its work to it.
+
+    Relies on tf_keras's `Callback._implements_<mode>_batch_hooks`, as `AnswersTfKeras`.
+    """
+    if mode not in TF_KERAS_BATCH_MODES:
+        raise ValueError(f"mode is one of {TF_KERAS_BATCH_MODES}; got {mode!r}.")
+    return getattr(callback, f"_implements_{mode}_batch_hooks")()
+
+
 def is_loss_scale_finite_check(fn):
     """Whether `fn`, run through a strategy, is Keras's loss-scale optimizer checking its
     gradients for overflow (which every rank must decide alike).

@@ -59,6 +59,18 @@ def gradient_tape_state(tape):
             tape._watched_variables)
 
 
+def continue_recording(tape, recording, watched_variables):
+    """Makes the new `tf.GradientTape` `tape` go on with what another tape recorded
+    (`recording` and `watched_variables` from `gradient_tape_state`), so that its
+    `gradient` sees the other's forward pass.
+
+    `tf.GradientTape` takes over no recording publicly. Relies on `GradientTape._tape`
+    and `_watched_variables`, as `gradient_tape_state`.
+    """
+    tape._tape = recording
+    tape._watched_variables = watched_variables
+
+
 def is_function_graph(graph):
     """Whether `graph` is a `tf.function`'s graph (TensorFlow's `FuncGraph`).
 

@@ -498,11 +498,9 @@ class UpdatePruningStep(_sparsity.UpdatePruning):
             super().on_epoch_end(epoch, logs, batch)
 
 
-class PruningSummaries(_sparsity.PruningSummaries):
+class PruningSummaries(_keras_private.AnswersTfKeras, _sparsity.PruningSummaries):
     """tfmot's `PruningSummaries` (see `kdist.sparsity.PruningSummaries`); for a
     tf_keras model, tfmot's own callback does the writing."""
-
-    _supports_tf_logs = False
 
     def __init__(self, log_dir, update_freq="epoch", **kwargs):
         super().__init__(log_dir, update_freq=update_freq, **kwargs)
@@ -515,6 +513,12 @@ class PruningSummaries(_sparsity.PruningSummaries):
             return super().set_model(model)
         self._delegate = real.sparsity.keras.PruningSummaries(**self._arguments)
         self._delegate.set_model(model)
+
+    def calls_batch_hooks(self, mode):
+        """tfmot's callback's answer for a tf_keras model; True before there is one."""
+        if self._delegate is not None:
+            return _keras_private.calls_batch_hooks(self._delegate, mode)
+        return True
 
 
 def _forward(name):
@@ -532,9 +536,7 @@ def _forward(name):
 for _hook in ("set_params", "on_train_begin", "on_train_end", "on_epoch_begin", "on_epoch_end",
               "on_test_begin", "on_test_end", "on_predict_begin", "on_predict_end",
               "on_train_batch_begin", "on_train_batch_end", "on_test_batch_begin",
-              "on_test_batch_end", "on_predict_batch_begin", "on_predict_batch_end",
-              "_implements_train_batch_hooks", "_implements_test_batch_hooks",
-              "_implements_predict_batch_hooks"):
+              "on_test_batch_end", "on_predict_batch_begin", "on_predict_batch_end"):
     setattr(PruningSummaries, _hook, _forward(_hook))
 
 

@@ -5,6 +5,7 @@ import time
 import keras
 import numpy as np
 
+from kdist import _keras_private
 from kdist.comm import collectives, processes
 
 
@@ -44,7 +45,9 @@ class TensorBoard(keras.callbacks.TensorBoard):
         if self.writes:
             super().set_model(model)
         else:
-            self._model = model
+            # Keras's TensorBoard opens its writers here; a rank that writes nothing
+            # only keeps the model, as every callback does.
+            keras.callbacks.Callback.set_model(self, model)
 
     def on_train_batch_begin(self, batch, logs=None):
         self._started = time.perf_counter()
@@ -67,14 +70,15 @@ class TensorBoard(keras.callbacks.TensorBoard):
         if not self.writes:
             return
         super().on_epoch_end(epoch, logs)
-        with self._train_writer.as_default():
+        writer = _keras_private.tensorboard_train_writer(self)
+        with writer.as_default():
             for rank, seconds in self.last_step_times.items():
                 self.summary.scalar(f"step_time/rank_{rank}", seconds, step=epoch)
             known = [s for s in everyone if np.isfinite(s) and s > 0]
             if known:
                 self.summary.scalar("step_time/slowest_over_fastest",
                                     max(known) / min(known), step=epoch)
-        self._train_writer.flush()
+        writer.flush()
 
 
 def _forward_unless_writing(name):

@@ -12,6 +12,7 @@ batch.
 
 import keras
 
+from kdist import _keras_private
 from kdist.comm import collectives
 from kdist.comm import processes
 from kdist.comm.processes import Sum
@@ -32,7 +33,7 @@ def _summed_over_ranks(tensor):
 
 
 @keras.saving.register_keras_serializable(package="kdist")
-class SyncBatchNormalization(keras.layers.BatchNormalization):
+class SyncBatchNormalization(_keras_private.MomentsThrough, keras.layers.BatchNormalization):
     """A `keras.layers.BatchNormalization` whose training statistics span all ranks.
 
     In training, mean and variance are those of the global batch (all
@@ -63,12 +64,14 @@ class SyncBatchNormalization(keras.layers.BatchNormalization):
                              "kdist's ranks; leave synchronized unset.")
         super().__init__(**kwargs)
 
-    def _moments(self, inputs, mask):
+    def batch_moments(self, inputs, mask, axes):
+        """The mean and variance over `axes` of the global batch, of which `inputs`
+        (its rows weighted by `mask`) are this rank's part; None on one process,
+        where Keras's own statistics are those."""
         import tensorflow as tf
 
         if processes.size() == 1:
-            return super()._moments(inputs, mask)
-        axes = self._reduction_axes
+            return None
         channels = inputs.shape[self.axis]
         if mask is None:
             count = tf.cast(tf.size(inputs) // channels, inputs.dtype)

@@ -205,10 +205,21 @@ class KerasState(ObjectState):
 
 
 def _strategy_scope(model):
+    """The scope of the strategy `model` was made under; nothing to enter when it was
+    made under none, or under the current one."""
     import contextlib
 
-    strategy = getattr(model, "_distribute_strategy", None)
-    return strategy.scope() if strategy is not None else contextlib.nullcontext()
+    strategy = getattr(model, "distribute_strategy", None)
+    if strategy is None:
+        return contextlib.nullcontext()
+    import tensorflow as tf
+
+    # A model made outside every strategy scope answers with the current strategy
+    # (TensorFlow's default one outside every scope), and entering the scope that
+    # is open already changes nothing: only another strategy's scope is entered.
+    if strategy is tf.distribute.get_strategy():
+        return contextlib.nullcontext()
+    return strategy.scope()
 
 
 class TensorFlowState(ObjectState):

@@ -10,6 +10,8 @@ before the wrapped optimizer sees it.
 import keras
 from keras import ops
 
+from kdist import _keras_private
+
 
 @keras.saving.register_keras_serializable(package="kdist")
 class LARS(keras.optimizers.Optimizer):
@@ -85,7 +87,7 @@ class LARS(keras.optimizers.Optimizer):
 
     @property
     def variables(self):
-        return self._variables + self.inner_optimizer.variables
+        return super().variables + self.inner_optimizer.variables
 
     @property
     def iterations(self):
@@ -138,7 +140,7 @@ class LARS(keras.optimizers.Optimizer):
             if not self.built:
                 raise ValueError("Pass the variables with the first gradients, or build the "
                                  "optimizer first: optimizer.build(trainable_variables).")
-            trainable_variables = self._trainable_variables
+            trainable_variables = _keras_private.optimizer_built_variables(self)
         trainable_variables = list(trainable_variables)
         if not self.built:
             with keras.name_scope(self.name, caller=self):

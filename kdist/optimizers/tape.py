@@ -92,8 +92,7 @@ class DistributedGradientTape(tf.GradientTape):
                              "plain tf.GradientTape once.")
         recorded, persistent, watch_accessed, watched = _recording_state(gradtape)
         super().__init__(persistent=persistent, watch_accessed_variables=watch_accessed)
-        self._tape = recorded
-        self._watched_variables = watched
+        _tf_private.continue_recording(self, recorded, watched)
         # A rank outside the process set keeps its own gradients, as in Horovod.
         self._reduction = GradientReduction(
             collectives.resolve_comm(comm, process_set, outside=Communicator(None)),

@@ -15,6 +15,7 @@ import warnings
 
 import keras
 
+from kdist import _keras_private
 from kdist.comm import processes
 
 
@@ -106,7 +107,7 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
     def set_weights(self, weights):
         """Sets the loss scale's state and the inner optimizer's, in the order of `variables`."""
         weights = list(weights)
-        own = self._variables
+        own = _keras_private.optimizer_own_variables(self)
         if getattr(self, "dynamic_scale", None) is None:
             raise ValueError(f"Build optimizer {self.name!r} before setting its weights: "
                              "call optimizer.build(model.trainable_variables).")

@@ -36,8 +36,7 @@ class QuantizeAnnotate(keras.layers.Wrapper):
         kwargs.setdefault("name", f"quantize_annotate_{layer.name}")
         kwargs.setdefault("dtype", layer.dtype_policy)
         super().__init__(layer, **kwargs)
-        self._input_shape_arg = (getattr(self, "_input_shape_arg", None)
-                                 or getattr(layer, "_input_shape_arg", None))
+        _keras_private.pass_on_input_shape(self, layer)
         self.quantize_config = check_quantize_config(quantize_config)
 
     def build(self, input_shape=None):

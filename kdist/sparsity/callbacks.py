@@ -6,6 +6,7 @@ import os
 import keras
 import numpy as np
 
+from kdist import _keras_private
 from kdist.comm import collectives, processes
 from kdist.sparsity import bridge
 from kdist.sparsity.pruning import pruned_layers
@@ -23,7 +24,7 @@ def sparsity_of(model):
         for wrapper in pruned_layers(model) if wrapper.targets}
 
 
-class UpdatePruning(keras.callbacks.Callback):
+class UpdatePruning(_keras_private.AnswersTfKeras, keras.callbacks.Callback):
     """Updates the masks of a `prune()`d model on its schedule's steps.
 
     Steps are counted by each pruned layer (`pruning_step`, saved with the
@@ -53,20 +54,14 @@ class UpdatePruning(keras.callbacks.Callback):
         [0.5]
     """
 
-    # tf_keras's CallbackList asks these of every callback it is given.
-    _supports_tf_logs = False
     # The step number a schedule sees on the first batch: kdist counts steps
     # from 0, tfmot's wrapper from 1 (kdist.tfmot's callback says so).
     _first_step = 0
 
-    def _implements_train_batch_hooks(self):
-        return True
-
-    def _implements_test_batch_hooks(self):
-        return False
-
-    def _implements_predict_batch_hooks(self):
-        return False
+    def calls_batch_hooks(self, mode):
+        """Whether tf_keras's `fit` calls this callback's batch hooks of `mode`:
+        of training only."""
+        return mode == "train"
 
     def __init__(self, log_sparsity=True):
         super().__init__()
@@ -102,16 +97,16 @@ class UpdatePruning(keras.callbacks.Callback):
         # not counted yet (new, or saved before they counted) follow the optimizer.
         done = max((max(0, int(keras.ops.convert_to_numpy(w.pruning_step)))
                     for w in self._wrappers if w.built), default=0)
-        self._origin = self._iterations() - done if done else 0
+        self._origin = self._optimizer_steps() - done if done else 0
 
-    def _iterations(self):
+    def _optimizer_steps(self):
         return int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
 
     def on_train_batch_begin(self, batch, logs=None):
         if self._delegate is not None:
             self._delegate.on_train_batch_begin(batch, logs)
             return
-        step = self._iterations() - self._origin
+        step = self._optimizer_steps() - self._origin
         # With steps_per_execution > 1 batches are reported in groups: catch up.
         first = step if self._last_step is None else min(step, self._last_step + 1)
         shift = self._first_step
@@ -237,6 +232,6 @@ class PruningSummaries(keras.callbacks.TensorBoard):
         # UpdatePruning put the same values in `logs`: written once, below.
         kept = {k: v for k, v in (logs or {}).items() if not k.startswith("sparsity/")}
         super().on_epoch_end(epoch, kept)
-        with self._train_writer.as_default():
+        with _keras_private.tensorboard_train_writer(self).as_default():
             for name, value in sparsity_of(self.model).items():
                 tf.summary.scalar(f"sparsity/{name}", value, step=epoch)

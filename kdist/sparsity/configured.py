@@ -16,6 +16,7 @@ import abc
 
 import keras
 
+from kdist import _keras_private
 from kdist.sparsity.wrapping import check_buildable, wrapper_from_config
 
 # Activations whose inputs an integer engine quantises (they saturate, and their
@@ -173,8 +174,7 @@ class QuantizeWithConfig(keras.layers.Wrapper):
         kwargs.setdefault("name", f"{name_prefix or ''}{layer.name}")
         kwargs.setdefault("dtype", layer.dtype_policy)
         super().__init__(layer, **kwargs)
-        self._input_shape_arg = (getattr(self, "_input_shape_arg", None)
-                                 or getattr(layer, "_input_shape_arg", None))
+        _keras_private.pass_on_input_shape(self, layer)
         self.quantize_config = quantize_config
 
     def object_arguments(self):

@@ -3,6 +3,7 @@ one by one, in blocks or N of every M (see `patterns`)."""
 
 import keras
 
+from kdist import _keras_private
 from kdist.sparsity import bridge
 from kdist.sparsity.patterns import check_pattern, mask_for
 from kdist.sparsity.schedules import ConstantSparsity, PruningSchedule
@@ -103,7 +104,7 @@ class PruneLowMagnitude(KernelWrapper):
         return value * keras.ops.cast(self.masks[index], value.dtype)
 
     def load_own_variables(self, store):
-        own = self._trainable_variables + self._non_trainable_variables
+        own = _keras_private.own_layer_variables(self)
         if (len(store.keys()) == len(own) - 1 and len(self.masks) == 1
                 and own[-1] is self.pruning_step):
             # Saved before layers counted their steps: the count starts at 0.

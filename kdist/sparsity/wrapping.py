@@ -19,9 +19,10 @@ from kdist import _keras_private
 from kdist.sparsity import bridge
 
 
-# What Keras's layers call the weight to prune, in order of preference: a
-# SeparableConv's pointwise kernel holds most of its weights.
-_KERNEL_NAMES = ("_kernel", "kernel", "pointwise_kernel", "depthwise_kernel", "embeddings")
+# What Keras's layers call the weight to prune, in order of preference after the
+# variable behind `kernel` (see `_kernel_candidates`): a SeparableConv's pointwise
+# kernel holds most of its weights.
+_KERNEL_NAMES = ("kernel", "pointwise_kernel", "depthwise_kernel", "embeddings")
 _INITIALIZER_NAMES = ("kernel_initializer", "pointwise_initializer", "depthwise_initializer",
                       "embeddings_initializer")
 
@@ -62,11 +63,18 @@ def kernel_targets(layer):
         return [variable for cell in cells for name in ("kernel", "recurrent_kernel")
                 for variable in [getattr(cell, name, None)]
                 if isinstance(variable, keras.Variable) and variable.trainable]
-    for name in _KERNEL_NAMES:
-        value = getattr(layer, name, None)
+    for value in _kernel_candidates(layer):
         if isinstance(value, keras.Variable) and value.trainable:
             return [value]
     return []
+
+
+def _kernel_candidates(layer):
+    # The variable first: under LoRA or quantization a layer's `kernel` is a tensor
+    # computed from it. Read one at a time, as computing that tensor costs.
+    yield _keras_private.stored_kernel(layer)
+    for name in _KERNEL_NAMES:
+        yield getattr(layer, name, None)
 
 
 def builds_from_several_inputs(layer):
@@ -155,8 +163,7 @@ class KernelWrapper(keras.layers.Wrapper):
         super().__init__(layer, **kwargs)
         # A first layer given `input_shape=` still gives its Sequential model an input.
         # Given to the wrapper itself (tfmot passes layer arguments on), it wins.
-        self._input_shape_arg = (getattr(self, "_input_shape_arg", None)
-                                 or getattr(layer, "_input_shape_arg", None))
+        _keras_private.pass_on_input_shape(self, layer)
 
     def __call__(self, *args, **kwargs):
         if not args:

@@ -5,6 +5,7 @@ import math
 import keras
 import numpy as np
 
+from kdist import _keras_private
 from kdist.comm.differentiable import (
     copy_to_group,
 )
@@ -221,8 +222,8 @@ class TensorParallelMultiHeadAttention(keras.layers.Layer):
                 query, key, value and output kernels, each followed by its
                 bias when `use_bias`.
         """
-        if isinstance(full, keras.layers.MultiHeadAttention) and getattr(full, "_use_gate",
-                                                                         False):
+        if (isinstance(full, keras.layers.MultiHeadAttention)
+                and _keras_private.attention_uses_gate(full)):
             raise ValueError("load_from_full does not take a MultiHeadAttention with "
                              "use_gate=True.")
         arrays = _arrays_of(full, "a keras.layers.MultiHeadAttention")
