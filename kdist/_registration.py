@@ -34,9 +34,6 @@ SERIALIZABLE_MODULES = (
     "kdist.distribute.sync_batch_norm",  # SyncBatchNormalization
     "kdist.pipeline.tensor",  # the tensor-parallel layers
 )
-# Imported at the same moment: the module that makes the ranks of kdist's models agree
-# in `fit`, which every MPIStrategy created afterwards arranges (kdist.callbacks.agreement).
-KERAS_HOOKS = ("kdist.callbacks.agreement",)
 
 _WATCHED = ("keras", "tensorflow")
 
@@ -49,7 +46,7 @@ def register():
     if _registered:
         return
     _registered = True
-    for name in SERIALIZABLE_MODULES + KERAS_HOOKS:
+    for name in SERIALIZABLE_MODULES:
         try:
             importlib.import_module(name)
         except Exception as error:  # A broken optional part must not break `import keras`.

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from kdist.callbacks import agreement
+from kdist.coordination import model_state
 
 
 def test_the_digest_is_exact():
@@ -16,9 +17,9 @@ def test_the_digest_is_exact():
     nudged[500] = np.nextafter(nudged[500], np.float32(2))  # one ulp
     swapped = values.copy()
     swapped[[3, 4]] = swapped[[4, 3]]
-    assert agreement.digest(values) == agreement.digest(same)
-    assert agreement.digest(values) != agreement.digest(nudged)
-    assert agreement.digest(values) != agreement.digest(swapped)
+    assert model_state.digest(values) == model_state.digest(same)
+    assert model_state.digest(values) != model_state.digest(nudged)
+    assert model_state.digest(values) != model_state.digest(swapped)
 
 
 def test_around_puts_a_sentinel_after_each_callback_that_names_the_one_that_stopped():
@@ -37,23 +38,27 @@ def test_around_puts_a_sentinel_after_each_callback_that_names_the_one_that_stop
     assert wrapped[0]._agreement.stopped_by == "EarlyStopping"
 
 
-def test_fit_of_a_model_kdist_does_not_train_is_left_alone():
-    was_installed = agreement.installed()
-    agreement.install()
+def test_on_a_model_trained_alone_the_agreement_only_notes_who_stopped():
     model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
     model.compile("sgd", "mse")
-    seen = []
+    agreed = agreement.Agreement()
 
-    class Spy(keras.callbacks.Callback):
-        def on_train_begin(self, logs=None):
-            seen.append(self)
+    class StopAfterFirst(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            self.model.stop_training = True
 
-    try:
-        model.fit(np.ones((4, 2)), np.ones((4, 1)), verbose=0, callbacks=[Spy()])
-    finally:
-        if not was_installed:
-            agreement.uninstall()
-    assert len(seen) == 1 and agreement._concerns(model) is False
+    history = model.fit(np.ones((4, 2)), np.ones((4, 1)), epochs=5, verbose=0,
+                        callbacks=agreed.around([StopAfterFirst()]))
+    # No collective ran (this process is no job), and the logs are this process's own.
+    assert history.epoch == [0] and agreed.stopped_by == "StopAfterFirst"
+
+
+def test_fit_is_keras_own():
+    # The agreement is asked for through fit's callbacks; nothing wraps Keras's fit.
+    import kdist  # noqa: F401  (importing kdist must leave Keras's classes alone)
+
+    assert keras.Model.fit.__module__.startswith("keras.")
+    assert keras.Model.compile.__module__.startswith("keras.")
 
 
 @pytest.mark.mpi
@@ -98,17 +103,18 @@ def test_a_rank_whose_fit_stops_alone_ends_the_job_naming_its_callback(mpi_job):
     subject.
     """
     started = time.monotonic()
-    job = mpi_job("agreement.py", n=2, args=["leave"], check=False, timeout=90,
-                  env={"KDIST_AGREEMENT": "0"})
+    job = mpi_job("agreement.py", n=2, args=["leave"], check=False, timeout=90)
     elapsed = time.monotonic() - started
     assert job.returncode != 0 and elapsed < 80
     assert job.rank(1) == {"finished": True}
     error = job.rank(0)["error"]
     # Rank 0 waited in its gradient allreduce (the C++ engine): it fails at once, naming
-    # the rank that left and the callback that ended that rank's fit.
+    # the rank that left and how that rank's fit ended (BroadcastGlobalVariablesCallback
+    # saw it), with the advice to let the ranks agree.
     assert "rank 1: leaving the job: its script ended; its last fit stopped after epoch 2 " \
-           "of 40: EarlyStopping set stop_training" in error, error
+           "of 40: a callback set stop_training" in error, error
     assert "Usually a rank left a loop early" in error
+    assert "kdist.callbacks.Agreement().around" in error
     # The hand-built agreement without log averaging compared EarlyStopping's inputs.
     assert "EarlyStopping monitors 'val_loss', whose value differs across the ranks after " \
            "epoch 1" in job.output, job.output[-3000:]

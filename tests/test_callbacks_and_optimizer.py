@@ -331,7 +331,7 @@ def test_local_variables_and_groups_given_by_path_apply_after_loading(tmp_path):
     model.compile(optimizer=opt, loss="mse")
     model.save(tmp_path / "partial.keras")
     loaded = keras.models.load_model(tmp_path / "partial.keras").optimizer
-    ids, paths = loaded._local_keys()
+    ids, paths = loaded.local_variable_keys()
     assert paths == {model.layers[1].kernel.path, model.layers[1].bias.path}
     assert loaded._gradient_reduction._group_positions(model.trainable_weights) == ((0,),)
 

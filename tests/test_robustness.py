@@ -49,9 +49,8 @@ def test_uneven_batches_average_over_the_ranks_that_still_train(mpirun, uneven_r
     # mixed_uneven: mixed_float16 and an overflow on rank 1 at step 4 as well.
     # native=0: the py-function engine, whose join protocol must match too.
     # kdist's epoch-end agreement would join before the worker's first callback looks;
-    # off, the worker sees each rank's own steps (the agreement's case is the test below).
-    job = mpirun("robust.py", n=2, args=[case], timeout=150,
-                 env={"KDIST_NATIVE_OPS": native, "KDIST_AGREEMENT": "0"})
+    # without it the worker sees each rank's own steps (the agreement's case is below).
+    job = mpirun("robust.py", n=2, args=[case], timeout=150, env={"KDIST_NATIVE_OPS": native})
     expected = uneven_reference[case]["after_step"]
     atol = 1e-4 if case == "mixed_uneven" else 1e-5
     rank0, rank1 = job.rank(0), job.rank(1)
@@ -73,10 +72,10 @@ def test_uneven_batches_average_over_the_ranks_that_still_train(mpirun, uneven_r
 
 def test_with_uneven_batches_every_epoch_end_callback_sees_the_synced_model(mpirun,
                                                                             uneven_reference):
-    # With kdist's agreement (the default) the join and the copy from the last rank to
-    # join happen before any callback of the list, so a ModelCheckpoint on rank 0 saves
-    # the model every rank goes on from, not rank 0's, which missed rank 1's last steps.
-    job = mpirun("robust.py", n=2, args=["uneven"], timeout=150)
+    # With kdist's agreement the join and the copy from the last rank to join happen
+    # before any callback of the list, so a ModelCheckpoint on rank 0 saves the model
+    # every rank goes on from, not rank 0's, which missed rank 1's last steps.
+    job = mpirun("robust.py", n=2, args=["uneven", "--agreement"], timeout=150)
     expected = uneven_reference["uneven"]["after_step"]
     rank0, rank1 = job.rank(0), job.rank(1)
     assert rank0["before_epoch_end"] == rank1["before_epoch_end"]

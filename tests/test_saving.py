@@ -16,7 +16,7 @@ import pytest
 
 import kdist
 from kdist.callbacks import checkpoint as checkpoint_lib
-from kdist.callbacks.broadcast import model_state
+from kdist.coordination.model_state import model_state
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -231,9 +231,6 @@ def _end_kdist(snapshot):
     if job.is_initialized():
         leaving.leave()
         processes.shutdown()
-    agreement = sys.modules.get("kdist.callbacks.agreement")
-    if agreement is not None and agreement.installed():
-        agreement.uninstall()
 
 
 def _run_script(job):

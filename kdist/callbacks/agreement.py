@@ -24,35 +24,26 @@ ranks drift apart without a word. `Agreement` keeps them together:
   `BackupAndRestore` are run through `kdist.callbacks.writing_once`, so that
   one rank writes each file (see `kdist.callbacks.saving`).
 
-`install()` arranges this for every `fit` of a model whose ranks train in
-step through kdist (a kdist optimizer, or `kdist.distribute.MPIStrategy`), on
-more than one rank: it wraps `keras.Model.fit` once, process-wide. It runs
-the first time kdist's data-parallel optimizer or `MPIStrategy` is created.
-`KDIST_AGREEMENT=0` (read at each `fit`) or `uninstall()` turns it off; a
-`fit` given a `keras.callbacks.CallbackList` is left alone.
+Keras offers no hook through which a library could add callbacks to every
+`fit`, so the agreement is asked for: pass `Agreement().around(callbacks)` as
+fit's callbacks. Horovod-style scripts that put `MetricAverageCallback` before
+their deciding callbacks and save on rank 0 only need nothing more; the
+agreement adds the checks (who stopped, learning rates, variables) and lets
+every rank keep its saving callbacks.
 """
 
-import functools
-import hashlib
 import logging
-import os
-import threading
 
 import keras
 import numpy as np
 
 from kdist import _args
-from kdist.callbacks import _sync
 from kdist.callbacks import saving
-from kdist.callbacks.broadcast import average_logs
-from kdist.comm import collectives
-from kdist.comm import protocol
-from kdist.distribute import consistency
-from kdist.distribute import mpi_strategy
+from kdist.coordination import joins, team
+from kdist.coordination.logs import average_logs
+from kdist.coordination.model_state import learning_rates, state_digests
 
 logger = logging.getLogger(__name__)
-
-ENVIRONMENT = "KDIST_AGREEMENT"
 
 # Callbacks whose decisions follow a monitored value (when logs are not averaged,
 # the ranks' values are compared at the first epoch).
@@ -62,11 +53,10 @@ _MONITORING = ("EarlyStopping", "ReduceLROnPlateau", "ModelCheckpoint")
 class Agreement:
     """Keeps the ranks of a data-parallel `fit` in agreement at each epoch's end.
 
-    kdist adds it by itself to every `fit` of a model trained with a kdist
-    optimizer or `kdist.distribute.MPIStrategy` on several ranks (see the
-    module's description). Build one yourself after turning that off
-    (`KDIST_AGREEMENT=0`), to choose its options, and pass
-    `agreement.around(callbacks)` as fit's callbacks.
+    Pass `agreement.around(callbacks)` as the callbacks of a `fit` whose
+    model several ranks train in step (a kdist optimizer, or
+    `kdist.distribute.MPIStrategy`); on one rank, or for a model trained
+    apart, its callbacks do nothing but note who stopped training.
 
     Args:
         average_logs: average the epoch's numeric logs over the ranks before
@@ -91,7 +81,6 @@ class Agreement:
     def __init__(self, average_logs=True, check_every=1):
         self.average_logs = bool(average_logs)
         self.check_every = _args.whole_number(check_every, "check_every")
-        self._collective = True
         self._watch = _Watch()
 
     def around(self, callbacks=None):
@@ -103,7 +92,7 @@ class Agreement:
         wrapped = [front]
         for callback in callbacks:
             name = type(callback).__name__
-            if self._collective and saving.writes_on_every_rank(callback):
+            if saving.writes_on_every_rank(callback):
                 # Left as it is, it would write the same file on every rank at once.
                 callback = saving.writing_once(callback)
             wrapped += [callback, _Sentinel(self._watch, name)]
@@ -167,28 +156,26 @@ class _Front(keras.callbacks.Callback):
     def on_train_begin(self, logs=None):
         self._agreement._watch.reset(self.model)
         self._names = None
-        _sync.forget(self.model)
+        joins.forget(self.model)
         saving.forget_paths(self.model)
-        if self._agreement._collective:
-            comm = _sync.comm_of(self.model)
-            if comm.size > 1:
-                # Before the saving callbacks start: who writes which file.
-                saving.share_paths(self.model, self.callbacks, comm)
+        team.under_agreement(self.model)
+        comm = _team_comm(self.model)
+        if comm is not None:
+            # Before the saving callbacks start: who writes which file.
+            saving.share_paths(self.model, self.callbacks, comm)
 
     def on_train_batch_end(self, batch, logs=None):
         # Set before any callback ran: the model's own step stopped training.
         self._agreement._watch.look("the model's train step")
 
     def on_epoch_end(self, epoch, logs=None):
-        if not self._agreement._collective:
+        comm = _team_comm(self.model)
+        if comm is None:
             return
-        comm = _sync.comm_of(self.model)
-        if comm.size == 1:
-            return
-        _sync.join_once(self.model, epoch)
+        joins.join_once(self.model, epoch)
         if self._agreement.average_logs and logs is not None:
             self._names = average_logs(logs, comm, self._names, "kdist.callbacks.Agreement")
-            _sync.mark_averaged(self.model, epoch)
+            joins.mark_averaged(self.model, epoch)
 
 
 class _Back(keras.callbacks.Callback):
@@ -202,16 +189,20 @@ class _Back(keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None):
         self._first_epoch = None
+        self._epochs = (self.params or {}).get("epochs")
+        self._last_epoch = None
 
     def on_train_end(self, logs=None):
         saving.forget_paths(self.model)
+        if _team_comm(self.model) is not None:
+            joins.note_ending(self.model, self._last_epoch, self._epochs,
+                              self._agreement.stopped_by)
 
     def on_epoch_end(self, epoch, logs=None):
+        self._last_epoch = epoch
         agreement = self._agreement
-        if not agreement._collective:
-            return
-        comm = _sync.comm_of(self.model)
-        if comm.size == 1:
+        comm = _team_comm(self.model)
+        if comm is None:
             return
         first = self._first_epoch is None
         if first:
@@ -272,8 +263,8 @@ def _compare_rates(everyone, number):
         f"kdist: the ranks' learning rates differ after epoch {number} ({listed}). A "
         "callback changed the learning rate on some ranks only (ReduceLROnPlateau or a "
         "schedule reading this rank's own metrics?); every rank must apply the same one. "
-        "Leave kdist's log averaging on (KDIST_AGREEMENT unset) or put "
-        "kdist.callbacks.MetricAverageCallback() before such callbacks.")
+        "Let kdist's agreement average the logs (Agreement(average_logs=True), the "
+        "default) or put kdist.callbacks.MetricAverageCallback() before such callbacks.")
 
 
 def _compare_digests(everyone, names, number):
@@ -313,160 +304,13 @@ def _floats(values):
     return "[" + ", ".join(f"{v:.6g}" for v in values) + "]"
 
 
-def learning_rates(model):
-    """The current learning rate of each of `model`'s optimizers, as floats."""
-    rates = []
-    for optimizer in _sync._optimizers(model):
-        try:
-            rate = optimizer.learning_rate
-        except (AttributeError, ValueError):
-            continue
-        rates.append(float(np.asarray(keras.ops.convert_to_numpy(rate))))
-    return rates
-
-
-def digest(array):
-    """An exact 8-byte digest of an array's bytes (BLAKE2b): equal for equal bytes."""
-    array = np.ascontiguousarray(array)
-    return hashlib.blake2b(memoryview(array).cast("B"), digest_size=8).hexdigest()
-
-
-def state_digests(model):
-    """`[(name, digest)]` of each variable that every rank must hold identically:
-    the model's trainable variables and its optimizers' variables, without those
-    each rank keeps to itself. Empty for models whose ranks hold different parts
-    (pipeline stages) or train apart (gossip)."""
-    if getattr(model, "ranks_hold_different_weights", False) or \
-            model in _sync._independent:
-        return []
-    return [(collectives.variable_name(v), digest(v.numpy())) for v in shared_state(model)]
-
-
-def shared_state(model):
-    """The variables `state_digests` covers.
-
-    Left out: variables kept local through `BroadcastGlobalVariablesCallback`
-    or the optimizer's `register_local_var` (with their optimizer slots), the
-    optimizer's local gradient sums, and non-trainable model variables (batch
-    normalisation's moving statistics are each rank's own unless synchronised).
-    """
-    local = set(_sync._local.get(model, ()))
-    prefixes = []
-    optimizers = _sync._optimizers(model)
-    for optimizer in optimizers:
-        core = _sync.reducing_core(optimizer)
-        if core is None:
-            continue
-        local |= set(getattr(consistency, "_excluded", {}).get(core, ()))
-        keys = getattr(core, "_local_keys", None)
-        ids, paths = keys() if keys is not None else ((), ())
-        local |= set(ids)
-        for v in model.trainable_variables:
-            if id(v) in ids or collectives.variable_name(v) in paths:
-                local.add(id(v))
-                prefixes.append(collectives.variable_name(v).replace("/", "_") + "_")
-    variables = [v for v in model.trainable_variables if id(v) not in local]
-    for optimizer in optimizers:
-        if not getattr(optimizer, "built", False):
-            continue
-        for v in optimizer.variables:
-            name = getattr(v, "name", "") or ""
-            if id(v) in local or "gradient_accumulator" in name or \
-                    any(name.startswith(p) for p in prefixes):
-                continue
-            variables.append(v)
-    return variables
-
-
-# -- fit, process-wide ----------------------------------------------------------------
-
-_original_fit = None
-_inside = threading.local()
-
-
-def enabled():
-    """Whether `KDIST_AGREEMENT` leaves the automatic agreement on (the default)."""
-    return os.environ.get(ENVIRONMENT, "1").strip().lower() not in ("0", "false", "no", "off")
-
-
-def install():
-    """Wraps `keras.Model.fit` (once, process-wide) so that kdist's models agree.
-
-    Only models trained in step through kdist on several ranks are affected;
-    every other model's `fit` runs unchanged.
-    """
-    global _original_fit
-    if _original_fit is not None:
-        return
-    original = keras.Model.fit
-
-    @functools.wraps(original)
-    def fit(self, *args, **kwargs):
-        return _fit(original, self, args, kwargs)
-
-    fit._kdist_agreement = True
-    _original_fit = original
-    keras.Model.fit = fit
-
-
-def uninstall():
-    """Gives `keras.Model.fit` back unchanged."""
-    global _original_fit
-    if _original_fit is not None:
-        keras.Model.fit = _original_fit
-        _original_fit = None
-
-
-def installed():
-    return _original_fit is not None
-
-
-_CALLBACKS_POSITION = 5  # fit(x, y, batch_size, epochs, verbose, callbacks, ...)
-
-
-def _fit(original, model, args, kwargs):
-    if getattr(_inside, "depth", 0) or not _concerns(model):
-        return original(model, *args, **kwargs)
-    args = list(args)
-    positional = len(args) > _CALLBACKS_POSITION
-    callbacks = args[_CALLBACKS_POSITION] if positional else kwargs.get("callbacks")
-    if isinstance(callbacks, keras.callbacks.CallbackList):
-        logger.debug("fit was given a CallbackList: kdist's agreement leaves it alone")
-        return original(model, *args, **kwargs)
-    agreement = Agreement()
-    # Off: no collectives, but the sentinels still say who stopped this rank's fit.
-    agreement._collective = enabled()
-    wrapped = agreement.around(keras.tree.flatten(callbacks) if callbacks else [])
-    if positional:
-        args[_CALLBACKS_POSITION] = wrapped
-    else:
-        kwargs["callbacks"] = wrapped
-    epochs = args[3] if len(args) > 3 else kwargs.get("epochs", 1)
-    _inside.depth = 1
+def _team_comm(model):
+    """The communicator of the ranks that train `model` together, when there are several."""
     try:
-        history = original(model, *args, **kwargs)
-    finally:
-        _inside.depth = 0
-    protocol.set_note(_ending(model, history, epochs, agreement.stopped_by))
-    return history
+        if not team.trained_together(model):
+            return None
+        comm = team.comm_of(model)
+    except Exception:  # a model that cannot say: treat it as trained alone
+        return None
+    return comm if comm.size > 1 else None
 
-
-def _concerns(model):
-    try:
-        return _sync.trained_together(model) and _sync.comm_of(model).size > 1
-    except Exception:  # a model that cannot say: leave its fit alone
-        return False
-
-
-def _ending(model, history, epochs, stopper):
-    """One line on how this rank's fit ended, for the report when it leaves the job."""
-    done = getattr(history, "epoch", None) or []
-    last = (done[-1] + 1) if done else 0
-    if getattr(model, "stop_training", False):
-        return (f"its last fit stopped after epoch {last} of {epochs}: "
-                f"{stopper or 'a callback'} set stop_training")
-    return f"its last fit ran to epoch {last} of {epochs}"
-
-
-# Every MPIStrategy made from now on installs the agreement.
-mpi_strategy.when_created(lambda strategy: install())

@@ -3,14 +3,12 @@
 import logging
 
 import keras
-import numpy as np
 
 from kdist import _args
-from kdist.callbacks import _sync
-from kdist.callbacks._sync import model_state
 from kdist.comm import collectives
 from kdist.comm import processes
-from kdist.distribute import consistency
+from kdist.coordination import consistency, joins, model_state, team
+from kdist.coordination.logs import average_logs
 
 logger = logging.getLogger(__name__)
 
@@ -80,13 +78,14 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         self._local_variables.append(var)
 
     def on_train_begin(self, logs=None):
-        _sync.forget(self.model)
-        _sync.keep_local(self.model, self._local_variables)
+        self._last_epoch = None
+        joins.forget(self.model)
+        model_state.keep_local(self.model, self._local_variables)
         self._pending = False
-        core = _sync.distributed_core(self.model)
+        core = team.distributed_core(self.model)
         if core is not None:
             consistency.exclude(core, self._local_variables)
-        if _sync.built(self.model):
+        if model_state.built(self.model):
             self._broadcast()
             return
         self._pending = True
@@ -95,7 +94,7 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
 
     def _broadcast(self):
         local = {id(v) for v in self._local_variables}
-        shared = [v for v in model_state(self.model) if id(v) not in local]
+        shared = [v for v in model_state.model_state(self.model) if id(v) not in local]
         collectives.broadcast_variables(shared, root_rank=self._root, comm=self.comm)
         self._pending = False
         if processes.size() > 1:
@@ -111,7 +110,13 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
             self._broadcast()
 
     def on_epoch_end(self, epoch, logs=None):
-        _sync.join_once(self.model, epoch, comm=self.comm)
+        joins.join_once(self.model, epoch, comm=self.comm)
+        self._last_epoch = epoch
+
+    def on_train_end(self, logs=None):
+        if processes.size() > 1:
+            # Said in the report should this rank leave while the others wait for it.
+            joins.note_ending(self.model, self._last_epoch, (self.params or {}).get("epochs"))
 
 
 class MetricAverageCallback(keras.callbacks.Callback):
@@ -131,44 +136,14 @@ class MetricAverageCallback(keras.callbacks.Callback):
         self._names = None
 
     def on_epoch_end(self, epoch, logs=None):
-        _sync.join_once(self.model, epoch)
-        if logs is None or _sync.averaged(self.model, epoch):
+        joins.join_once(self.model, epoch)
+        if logs is None or joins.averaged(self.model, epoch):
             return  # kdist's agreement (kdist.callbacks.Agreement) averaged them already
-        self._names = average_logs(logs, _sync.comm_of(self.model), self._names,
+        self._names = average_logs(logs, team.comm_of(self.model), self._names,
                                    "MetricAverageCallback")
-
-
-def average_logs(logs, comm, known=None, who="kdist"):
-    """Replaces the numeric values of `logs` in place by their average over `comm`'s ranks.
-
-    `known` is the list of names the ranks last agreed on (None at first); when
-    the names change, the ranks compare them first. Returns the names.
-    """
-    if comm.size == 1:
-        return known
-    names = sorted(k for k, v in logs.items() if np.ndim(v) == 0 and _is_number(v))
-    if names != known:
-        everyone = comm.allgather_object(names)
-        if any(theirs != names for theirs in everyone):
-            raise ValueError(
-                f"{who}: ranks report different metrics ({everyone}); every rank must "
-                "compile the same metrics.")
-    values = np.array([float(logs[k]) for k in names], dtype=np.float64)
-    averaged = collectives.allreduce(values, comm=comm)
-    for name, value in zip(names, averaged):
-        logs[name] = float(value)
-    return names
 
 
 def _is_variable(value):
     import tensorflow as tf
 
     return isinstance(value, (keras.Variable, tf.Variable))
-
-
-def _is_number(value):
-    try:
-        float(value)
-    except (TypeError, ValueError):
-        return False
-    return True

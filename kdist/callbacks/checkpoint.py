@@ -13,11 +13,9 @@ from kdist import _keras_private
 from kdist._files import write_atomically
 from kdist._variables import path_of
 from kdist._version import __version__
-from kdist.callbacks import _sync
-from kdist.callbacks._sync import model_state
 from kdist.comm import collectives
 from kdist.comm import processes
-from kdist.distribute import consistency
+from kdist.coordination import consistency, joins, model_state, team
 
 logger = logging.getLogger(__name__)
 
@@ -178,7 +176,7 @@ class Checkpoint(keras.callbacks.Callback):
                 "rank of this model holds a different part of it (a pipeline stage or a "
                 "slice). Save it with keras.callbacks.ModelCheckpoint(path, "
                 "save_weights_only=True), which calls the model's own save_weights.")
-        _sync.forget(self.model)
+        joins.forget(self.model)
         if processes.world_generation() > 0:
             # An elastic job that lost or gained ranks: its last commit, already
             # in memory on every rank, is newer than anything on disk.
@@ -190,12 +188,12 @@ class Checkpoint(keras.callbacks.Callback):
             return
         _keras_private.set_initial_epoch(self.model, epoch)
         self.resumed_from = epoch
-        if _sync.built(self.model):
+        if model_state.built(self.model):
             self._restore(path)
             return
         # Keras builds this model in its first step: restore once its variables
         # exist, before that step first runs.
-        core = _sync.distributed_core(self.model)
+        core = team.distributed_core(self.model)
         if core is None:
             raise ValueError(
                 "Checkpoint cannot resume this model: Keras builds it in its first step and "
@@ -205,18 +203,18 @@ class Checkpoint(keras.callbacks.Callback):
         consistency.before_first_update(core, lambda: self._restore(path))
 
     def _restore(self, path):
-        variables = model_state(self.model)
+        variables = model_state.model_state(self.model)
         if processes.rank() == 0:
             load_state(path, variables)
         collectives.broadcast_variables(variables, root_rank=0)
         logger.info("resumed from %s: %d epoch(s) already done", path, self.resumed_from)
 
     def on_epoch_end(self, epoch, logs=None):
-        _sync.join_once(self.model, epoch)
+        joins.join_once(self.model, epoch)
         if (epoch + 1) % self.save_freq or processes.rank() != 0:
             return
         path = os.path.join(self.directory, f"epoch-{epoch + 1:06d}.npz")
-        save_state(path, model_state(self.model), epoch + 1)
+        save_state(path, model_state.model_state(self.model), epoch + 1)
         logger.debug("saved %s", path)
         for old in sorted(glob.glob(os.path.join(self.directory, "epoch-*.npz")))[:-self.keep]:
             os.unlink(old)

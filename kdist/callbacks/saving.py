@@ -35,10 +35,9 @@ import weakref
 import keras
 
 from kdist import _keras_private
-from kdist.callbacks import _sync
-from kdist.callbacks._sync import model_state
 from kdist.comm import collectives
 from kdist.comm import processes
+from kdist.coordination import model_state, team
 
 logger = logging.getLogger(__name__)
 
@@ -207,8 +206,8 @@ def _absolute(path):
 
 def _team(model):
     """The communicator of the ranks that save `model` together, if more than one."""
-    if _sync.trained_together(model):
-        comm = _sync.comm_of(model)
+    if team.trained_together(model):
+        comm = team.comm_of(model)
     elif processes.is_initialized() or processes.launched_by_mpi():
         comm = processes.world()
     else:
@@ -326,7 +325,7 @@ def _receive_restored(model, comm, writer):
         if error is not None:
             raise RuntimeError(f"rank 0 could not restore the backup: {error}")
         _keras_private.set_initial_epoch(model, epoch)
-    collectives.broadcast_variables(model_state(model), root_rank=0, comm=comm)
+    collectives.broadcast_variables(model_state.model_state(model), root_rank=0, comm=comm)
 
 
 class _OnTheWriter:

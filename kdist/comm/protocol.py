@@ -189,7 +189,8 @@ def note():
 
 
 ADVICE = ("Every rank must run the same collectives in the same order. Usually a rank left "
-          "a loop early (a callback stopped its fit on that rank alone, or it ran out of "
+          "a loop early (a callback stopped its fit on that rank alone: pass fit's "
+          "callbacks through kdist.callbacks.Agreement().around(...); or it ran out of "
           "data: see kdist.join) or ended its script; otherwise build the same model on "
           "every rank, give tensors the same shapes and dtypes, and use the same step "
           "pattern on all ranks.")

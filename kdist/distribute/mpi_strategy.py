@@ -21,30 +21,18 @@ written for `tf.distribute.MirroredStrategy` runs under `mpiexec` unchanged:
 - under mixed precision, every rank skips a step when any rank overflowed.
 """
 
-import importlib
 import logging
 import weakref
 
-import keras
 import tensorflow as tf
 
 from kdist import _keras_private, _tf_private
 from kdist.comm import collectives
 from kdist.comm import processes
 from kdist.comm.tensors import TensorReducer
-from kdist.distribute import consistency
+from kdist.coordination import consistency
 
 logger = logging.getLogger(__name__)
-
-# Functions called with each new MPIStrategy: layers above this one (kdist's callbacks,
-# which make fit's ranks agree) register here, as this module cannot import them.
-_created_hooks = []
-
-
-def when_created(function):
-    """Calls `function(strategy)` whenever an `MPIStrategy` is created from now on."""
-    if function not in _created_hooks:
-        _created_hooks.append(function)
 
 
 class MPIStrategy(tf.distribute.Strategy):
@@ -89,6 +77,9 @@ class MPIStrategy(tf.distribute.Strategy):
         3.0
     """
 
+    # Its replicas are kdist ranks trained in step over `comm` (kdist.coordination.team).
+    kdist_replicas_in_step = True
+
     def __init__(self, comm=None, compression=None, bucket_bytes=None,
                  device=None):
         # Before TensorFlow starts: init gives this rank its cores and GPU.
@@ -99,12 +90,6 @@ class MPIStrategy(tf.distribute.Strategy):
         super().__init__(_MPIExtended(self, device, comm, compression, bucket_bytes))
         if comm.rank == 0:
             logger.info("MPIStrategy: %d replicas (one per rank) on %s", comm.size, device)
-        # kdist's callbacks register their hook when imported, which registering kdist's
-        # classes with Keras does; KDIST_KERAS_REGISTRATION=0 leaves that out, so import
-        # them here (by name: they sit above this layer).
-        importlib.import_module("kdist.callbacks.agreement")
-        for hook in list(_created_hooks):
-            hook(self)
 
     @property
     def comm(self):

@@ -3,7 +3,7 @@
 import keras
 
 from kdist._args import whole_number
-from kdist.callbacks import _sync
+from kdist.coordination import joins
 
 
 class CommitStateCallback(keras.callbacks.Callback):
@@ -109,7 +109,7 @@ class UpdateEpochStateCallback(keras.callbacks.Callback):
     def on_train_begin(self, logs=None):
         self._start = int(getattr(self.state, "epoch", 0) or 0)
         self._first = None
-        _sync.forget(self.model)  # a fit after a reset counts its epochs from 0 again
+        joins.forget(self.model)  # a fit after a reset counts its epochs from 0 again
 
     def on_epoch_begin(self, epoch, logs=None):
         if self._first is None:
@@ -118,5 +118,5 @@ class UpdateEpochStateCallback(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         # Ranks with fewer batches wait here for the others (kdist.join), so that
         # every rank starts the next epoch, or the end of training, together.
-        _sync.join_once(self.model, epoch)
+        joins.join_once(self.model, epoch)
         self.state.epoch = self._start + epoch - self._first + 1

@@ -17,10 +17,10 @@ import keras
 import numpy as np
 
 from kdist import _args
-from kdist.callbacks import _sync
 from kdist.comm import neighbours as neighbours_lib
 from kdist.comm import processes
 from kdist.comm.communicator import Average
+from kdist.coordination import model_state, team
 from kdist.gossip.topology import resolve
 from kdist.ps.layout import Layout
 
@@ -97,7 +97,7 @@ class GossipAveraging(keras.callbacks.Callback):
             self.comm, self._graph.neighbours(self.comm.rank), length)
 
     def on_train_begin(self, logs=None):
-        if any(_sync.reducing_core(o) is not None for o in _optimizers(self.model)):
+        if any(team.reducing_core(o) is not None for o in _optimizers(self.model)):
             raise ValueError("Gossip trains each replica with its own optimizer; compile the "
                              "model with a plain Keras optimizer, not kdist."
                              "DistributedOptimizer (which would average every step).")
@@ -107,10 +107,10 @@ class GossipAveraging(keras.callbacks.Callback):
                              "with kdist run -n N.")
         # Each replica steps on its own: no rank can be caught in a step's collective,
         # so the epoch-end join of kdist's callbacks must not hold ranks together.
-        _sync.steps_independently(self.model)
+        team.steps_independently(self.model)
         self._graph = resolve(self.topology, comm.size)
         self._exchange = None
-        if _sync.built(self.model):
+        if model_state.built(self.model):
             self._connect()
         # else a model without Input: it has its weights after the first step.
         self._weights = self._graph.weights(comm.rank)
@@ -167,7 +167,7 @@ class GossipAveraging(keras.callbacks.Callback):
                 self.bytes_sent += self._exchange.sent * self._exchange.length_bytes
         finally:
             self._exchange = None
-            _sync.steps_independently(self.model, False)
+            team.steps_independently(self.model, False)
         if self.final_average:
             own, shared = self._shared()
             shared[:] = self.comm.allreduce_(shared.copy(), op=Average,

@@ -22,10 +22,9 @@ from keras import ops
 
 from kdist import _args, _keras_private
 from kdist._variables import assign_all, path_of as _path
-from kdist.callbacks import agreement
 from kdist.comm import collectives
-from kdist.distribute import consistency
 from kdist.comm.processes import Average, Communicator, Sum
+from kdist.coordination import consistency, team
 from kdist.optimizers import reduction as reduction_lib
 from kdist.optimizers.aggregation import LocalGradientAggregator
 from kdist.optimizers.reduction import is_variable as _is_variable
@@ -105,9 +104,6 @@ class AllreduceOptimizer(keras.optimizers.Optimizer):
             sparse_as_dense=sparse_as_dense, scale_local_gradients=scale_local_gradients,
             name=name)
         super().__init__(learning_rate=0.0, name=name)
-        # Ranks that train through this optimizer agree at each epoch's end of fit
-        # (kdist.callbacks.Agreement; KDIST_AGREEMENT=0 turns it off).
-        agreement.install()
         self._gradient_reduction = reduction
         self.backward_passes_per_step = backward_passes_per_step
         self._state = types.SimpleNamespace(handoff=None, norms=None)
@@ -124,7 +120,7 @@ class AllreduceOptimizer(keras.optimizers.Optimizer):
         # This wrapper's own variables that exist before `build` (Keras's step
         # count and learning rate, both unused, and the pass counter): their
         # positions do not change when `build` adds the inner optimizer's.
-        self._variables_before_build = len(self._variables)
+        self._variables_before_build = len(super().variables)
         # State given to `set_weights` before there were variables to hold it.
         self._pending_state = None
 
@@ -214,7 +210,7 @@ class AllreduceOptimizer(keras.optimizers.Optimizer):
         # The inner optimizer's variables come right after this wrapper's first
         # ones and before what `build` adds, so that the position of every
         # variable that exists before `build` is the same as after it.
-        own, first = self._variables, self._variables_before_build
+        own, first = super().variables, self._variables_before_build
         return own[:first] + self.inner_optimizer.variables + own[first:]
 
     def set_weights(self, weights):
@@ -253,6 +249,12 @@ class AllreduceOptimizer(keras.optimizers.Optimizer):
     def finalize_variable_values(self, var_list):
         self.inner_optimizer.finalize_variable_values(var_list)
 
+    def save_own_variables(self, store):
+        # Keras calls this whenever the model is saved: the one place kdist sees a
+        # save by a rank other than rank 0, which may be writing the same file.
+        super().save_own_variables(store)
+        team.advise_on_saving(self)
+
     def register_local_var(self, var):
         """Keeps `var`'s gradient on this rank: it is never reduced across ranks.
 
@@ -266,7 +268,8 @@ class AllreduceOptimizer(keras.optimizers.Optimizer):
                             f"got {type(var).__name__}.")
         self._gradient_reduction.register_local(var)
 
-    def _local_keys(self):
+    def local_variable_keys(self):
+        """`(ids, paths)` of the variables registered with `register_local_var`."""
         return self._gradient_reduction.local_keys()
 
     # -- Horovod's protocol -------------------------------------------------------------------
@@ -363,12 +366,12 @@ class AllreduceOptimizer(keras.optimizers.Optimizer):
             if not self.built:
                 raise ValueError("Pass the variables with the first gradients, or build the "
                                  "optimizer first: optimizer.build(trainable_variables).")
-            variables = self._trainable_variables
+            variables = _keras_private.optimizer_built_variables(self)
         variables = list(variables)
         self._ensure_built(variables)
         # Before the first update: deferred broadcasts of models built in this
         # step, then a check that every rank starts from the same weights.
-        ids, paths = self._local_keys()
+        ids, paths = self.local_variable_keys()
         consistency.first_update(
             self, [v for v in variables if id(v) not in ids and _path(v) not in paths],
             self.comm)
@@ -463,8 +466,10 @@ class AllreduceOptimizer(keras.optimizers.Optimizer):
         with are assumed when the counts match.
         """
         grads = list(grads)
-        if variables is None and self.built and len(grads) == len(self._trainable_variables):
-            variables = self._trainable_variables
+        if variables is None and self.built:
+            built_for = _keras_private.optimizer_built_variables(self)
+            if len(grads) == len(built_for):
+                variables = built_for
         return self._reduce(grads, variables)
 
     def _reduce(self, grads, variables):

@@ -523,8 +523,8 @@ def _with_team_start(roles, tuner, kwargs):
 
 
 def _team_broadcast(comm):
-    from kdist.callbacks import _sync
     from kdist.callbacks.broadcast import BroadcastGlobalVariablesCallback
+    from kdist.coordination import team
 
     class TeamBroadcast(BroadcastGlobalVariablesCallback):
         # keras-tuner deep-copies a search's callbacks for every execution; the
@@ -535,7 +535,7 @@ def _team_broadcast(comm):
         def on_train_begin(self, logs=None):
             # Without it each rank would train alone on its own batches, and the
             # team's ranks drift apart while the search reports one of them.
-            reducing = _sync.comm_of(self.model) if _sync.trained_together(self.model) \
+            reducing = team.comm_of(self.model) if team.trained_together(self.model) \
                 else None
             if reducing is None or reducing.size != comm.size:
                 raise ValueError(

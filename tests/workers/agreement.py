@@ -6,8 +6,9 @@ fit alone, a learning rate changed on
 rank 1 alone, a weight changed on rank 1 alone, and a custom train_step under
 MPIStrategy. Each case reports what each rank saw; the two that must fail
 catch the ValueError (raised on every rank alike, so the ranks stay in step).
-`python agreement.py leave` (run with KDIST_AGREEMENT=0): a hand-built Agreement
-without log averaging for one epoch, then rank 1's EarlyStopping ends its fit
+Every fit there passes its callbacks through `kdist.callbacks.Agreement().around`.
+`python agreement.py leave`: an Agreement without log averaging for one epoch,
+then a fit without any agreement, where rank 1's EarlyStopping ends its fit
 early and its script ends, while rank 0 trains on.
 """
 
@@ -50,11 +51,13 @@ def horovod_model(lr=2e-3):
     return model
 
 
-def fit(model, callbacks, epochs=EPOCHS):
+def fit(model, callbacks, epochs=EPOCHS, agreement=True):
     x, y, vx, vy = shards()
+    callbacks = [kdist.callbacks.BroadcastGlobalVariablesCallback(0)] + callbacks
+    if agreement:
+        callbacks = kdist.callbacks.Agreement().around(callbacks)
     return model.fit(x, y, batch_size=32, epochs=epochs, validation_data=(vx, vy),
-                     verbose=0,
-                     callbacks=[kdist.callbacks.BroadcastGlobalVariablesCallback(0)] + callbacks)
+                     verbose=0, callbacks=callbacks)
 
 
 def early_stopping():
@@ -136,7 +139,8 @@ def strategy_custom_step():
         model = Custom(inputs, keras.layers.Dense(1)(keras.layers.Dense(16)(inputs)))
         model.compile(optimizer="adam", loss="mse")
     x, y = data(0)
-    history = model.fit(x, y, batch_size=32, epochs=3, verbose=0)
+    history = model.fit(x, y, batch_size=32, epochs=3, verbose=0,
+                        callbacks=kdist.callbacks.Agreement().around())
     return {"history": history.history, "weights": flat_weights(model)}
 
 
@@ -146,11 +150,11 @@ def leave():
     model = horovod_model()
     agreement = kdist.callbacks.Agreement(average_logs=False)
     fit(model, agreement.around([keras.callbacks.EarlyStopping(monitor="val_loss")]),
-        epochs=1)
+        epochs=1, agreement=False)
     model = horovod_model()
     try:
         fit(model, [keras.callbacks.EarlyStopping(monitor="val_loss", patience=1)],
-            epochs=40)
+            epochs=40, agreement=False)
     except Exception as error:
         report({"error": str(error)})
         raise

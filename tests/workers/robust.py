@@ -21,6 +21,8 @@ from common import flat_weights, global_batches, report, small_model
 parser = argparse.ArgumentParser()
 parser.add_argument("case", choices=["raise", "kill", "mismatch", "uneven", "overflow",
                                      "mixed_uneven", "reference"])
+parser.add_argument("--agreement", action="store_true",
+                    help="pass the callbacks through kdist.callbacks.Agreement().around")
 args = parser.parse_args()
 
 STEPS, EPOCHS, LOCAL = 8, 2, 16
@@ -94,8 +96,8 @@ dataset = dataset.batch(LOCAL)
 
 class BeforeEpochEnd(keras.callbacks.Callback):
     """This rank's weights at each epoch's end, as the first callback of the list sees them:
-    before the callbacks below sync them when kdist's agreement is off (KDIST_AGREEMENT=0),
-    after the agreement (which runs before every callback of the list) synced them when on."""
+    before the callbacks below sync them without kdist's agreement, after the agreement
+    (which runs before every callback of the list) synced them with it (--agreement)."""
 
     def __init__(self):
         super().__init__()
@@ -113,6 +115,8 @@ callbacks = [before_epoch_end, kdist.callbacks.BroadcastGlobalVariablesCallback(
              kdist.callbacks.MetricAverageCallback()]
 if args.case in ("raise", "kill"):
     callbacks.append(FailOnRankOne())
+if args.agreement:
+    callbacks = kdist.callbacks.Agreement().around(callbacks)
 history = model.fit(dataset, epochs=EPOCHS, verbose=0, shuffle=False, callbacks=callbacks)
 out = {"weights": flat_weights(model), "loss": history.history["loss"],
        "before_epoch_end": before_epoch_end.weights}

@@ -68,13 +68,14 @@ callbacks = [
 if kdist.rank() == 0:  # Horovod's convention: a checkpoint on rank 0 alone
     callbacks.append(keras.callbacks.ModelCheckpoint(os.path.join(directory,
                                                                   "rank0-{epoch}.keras")))
+# Every rank keeps its saving callbacks; the agreement says which rank writes each file.
 try:
     model.fit(x, y, batch_size=batch, epochs=4, verbose=0, shuffle=False,
-              callbacks=callbacks + [Interrupt()])
+              callbacks=kdist.callbacks.Agreement().around(callbacks + [Interrupt()]))
 except RuntimeError as error:
     assert "interrupted" in str(error), error
 history = model.fit(x, y, batch_size=batch, epochs=4, verbose=0, shuffle=False,
-                    callbacks=callbacks)
+                    callbacks=kdist.callbacks.Agreement().around(callbacks))
 by_fit = len(written)
 for i in range(rounds):
     kdist.callbacks.save_model(model, os.path.join(directory, f"round-{i}.keras"))

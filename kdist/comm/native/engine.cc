@@ -265,8 +265,9 @@ Status Mismatch(MPI_Comm comm, const std::string& what) {
   // The same advice as kdist.comm.protocol.ADVICE.
   message +=
       "\nEvery rank must run the same collectives in the same order. Usually a rank left a "
-      "loop early (a callback stopped its fit on that rank alone, or it ran out of data: "
-      "see kdist.join) or ended its script; otherwise build the same model on every rank, "
+      "loop early (a callback stopped its fit on that rank alone: pass fit's callbacks "
+      "through kdist.callbacks.Agreement().around(...); or it ran out of data: see "
+      "kdist.join) or ended its script; otherwise build the same model on every rank, "
       "give tensors the same shapes and dtypes, and use the same step pattern on all ranks.";
   return Status::Error(message);
 }

@@ -40,6 +40,11 @@ def exclude(optimizer, variables):
     _excluded.setdefault(optimizer, set()).update(id(v) for v in variables)
 
 
+def excluded(optimizer):
+    """Ids of the variables left out of `optimizer`'s first-step check (see `exclude`)."""
+    return set(_excluded.get(optimizer, ()))
+
+
 def initialized(variables):
     """Whether every variable holds a value (not so in the first trace that creates them)."""
     with tf.init_scope():
