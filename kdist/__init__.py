@@ -13,83 +13,86 @@ import os as _os
 
 _os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import importlib as _importlib  # noqa: E402
+from kdist._exports import declare as _declare  # noqa: E402
 
-from kdist._version import __version__  # noqa: E402
-from kdist import comm  # noqa: E402
-from kdist.comm import (  # noqa: E402
-    Adasum,
-    Average,
-    Compression,
-    Max,
-    Min,
-    Product,
-    ProcessSet,
-    Sum,
-    add_process_set,
-    allgather,
-    allgather_object,
-    allreduce,
-    alltoall,
-    barrier,
-    broadcast,
-    broadcast_,
-    broadcast_global_variables,
-    broadcast_object,
-    broadcast_object_fn,
-    broadcast_variables,
-    cross_rank,
-    cross_size,
-    global_process_set,
-    grouped_allgather,
-    grouped_allreduce,
-    grouped_reducescatter,
-    init,
-    is_initialized,
-    join,
-    local_rank,
-    local_rank_op,
-    local_size,
-    local_size_op,
-    mpi_built,
-    mpi_enabled,
-    mpi_threads_supported,
-    process_set_included_op,
-    rank,
-    rank_op,
-    reducescatter,
-    remove_process_set,
-    shutdown,
-    size,
-    size_op,
-    start_timeline,
-    stop_timeline,
-)
-from kdist.comm.capabilities import (  # noqa: E402
-    ccl_built,
-    cuda_built,
-    ddl_built,
-    gloo_built,
-    gloo_enabled,
-    is_homogeneous,
-    nccl_built,
-    rocm_built,
-)
-
-# Modules that need Keras load on first use, so that `kdist run` and `kdist
-# --help` start without importing TensorFlow.
-_LAZY_MODULES = ("callbacks", "distribute", "elastic", "gan", "gossip", "optimizers",
-                 "pipeline", "precision", "ps", "sparsity", "tfmot", "tune")
-# Horovod's top-level names that need Keras, and where they live.
-_LAZY_NAMES = {
-    "DistributedGradientTape": "kdist.optimizers",
-    "DistributedOptimizer": "kdist.optimizers",
-    "PartialDistributedGradientTape": "kdist.optimizers",
-    "PartialDistributedOptimizer": "kdist.optimizers",
+# Horovod's names and kdist's packages. Everything loads on first use, so that
+# `kdist run` and `kdist --help` start without importing TensorFlow.
+_EXPORTS = {
+    "__version__": "kdist._version",
+    "callbacks": "kdist.callbacks",
+    "comm": "kdist.comm",
+    "ccl_built": "kdist.comm.capabilities",
+    "cuda_built": "kdist.comm.capabilities",
+    "ddl_built": "kdist.comm.capabilities",
+    "gloo_built": "kdist.comm.capabilities",
+    "gloo_enabled": "kdist.comm.capabilities",
+    "is_homogeneous": "kdist.comm.capabilities",
+    "nccl_built": "kdist.comm.capabilities",
+    "rocm_built": "kdist.comm.capabilities",
+    "allgather": "kdist.comm.collectives",
+    "allgather_object": "kdist.comm.collectives",
+    "allreduce": "kdist.comm.collectives",
+    "alltoall": "kdist.comm.collectives",
+    "barrier": "kdist.comm.collectives",
+    "broadcast": "kdist.comm.collectives",
+    "broadcast_": "kdist.comm.collectives",
+    "broadcast_global_variables": "kdist.comm.collectives",
+    "broadcast_object": "kdist.comm.collectives",
+    "broadcast_object_fn": "kdist.comm.collectives",
+    "broadcast_variables": "kdist.comm.collectives",
+    "grouped_allgather": "kdist.comm.collectives",
+    "grouped_allreduce": "kdist.comm.collectives",
+    "grouped_reducescatter": "kdist.comm.collectives",
+    "reducescatter": "kdist.comm.collectives",
+    "Adasum": "kdist.comm.communicator",
+    "Average": "kdist.comm.communicator",
+    "Max": "kdist.comm.communicator",
+    "Min": "kdist.comm.communicator",
+    "Product": "kdist.comm.communicator",
+    "Sum": "kdist.comm.communicator",
+    "Compression": "kdist.comm.compression",
+    "join": "kdist.comm.joining",
+    "local_rank_op": "kdist.comm.process_ops",
+    "local_size_op": "kdist.comm.process_ops",
+    "process_set_included_op": "kdist.comm.process_ops",
+    "rank_op": "kdist.comm.process_ops",
+    "size_op": "kdist.comm.process_ops",
+    "add_process_set": "kdist.comm.process_sets",
+    "global_process_set": "kdist.comm.process_sets",
+    "ProcessSet": "kdist.comm.process_sets",
+    "remove_process_set": "kdist.comm.process_sets",
+    "cross_rank": "kdist.comm.processes",
+    "cross_size": "kdist.comm.processes",
+    "init": "kdist.comm.processes",
+    "is_initialized": "kdist.comm.processes",
+    "local_rank": "kdist.comm.processes",
+    "local_size": "kdist.comm.processes",
+    "mpi_built": "kdist.comm.processes",
+    "mpi_enabled": "kdist.comm.processes",
+    "mpi_threads_supported": "kdist.comm.processes",
+    "rank": "kdist.comm.processes",
+    "shutdown": "kdist.comm.processes",
+    "size": "kdist.comm.processes",
+    "start_timeline": "kdist.comm.timeline",
+    "stop_timeline": "kdist.comm.timeline",
+    "distribute": "kdist.distribute",
     "SyncBatchNormalization": "kdist.distribute.sync_batch_norm",
-    "load_model": "kdist.optimizers",
+    "elastic": "kdist.elastic",
+    "gan": "kdist.gan",
+    "gossip": "kdist.gossip",
+    "optimizers": "kdist.optimizers",
+    "DistributedOptimizer": "kdist.optimizers.distributed",
+    "PartialDistributedOptimizer": "kdist.optimizers.distributed",
+    "load_model": "kdist.optimizers.loading",
+    "DistributedGradientTape": "kdist.optimizers.tape",
+    "PartialDistributedGradientTape": "kdist.optimizers.tape",
+    "pipeline": "kdist.pipeline",
+    "precision": "kdist.precision",
+    "ps": "kdist.ps",
+    "sparsity": "kdist.sparsity",
+    "tfmot": "kdist.tfmot",
+    "tune": "kdist.tune",
 }
-
 
 # Horovod names that kdist does not provide, and what to use instead.
 _NOT_PROVIDED = {
@@ -112,36 +115,7 @@ _NOT_PROVIDED = {
     "mpi_ops": "kdist's collectives are at the top level (kdist.allreduce, kdist.rank_op, ...)",
 }
 
-
-def __getattr__(name):
-    if name in _LAZY_MODULES:
-        return _importlib.import_module(f"kdist.{name}")
-    if name in _LAZY_NAMES:
-        return getattr(_importlib.import_module(_LAZY_NAMES[name]), name)
-    if name in _NOT_PROVIDED:
-        raise AttributeError(f"kdist does not provide Horovod's {name!r}: "
-                             f"{_NOT_PROVIDED[name]}.")
-    raise AttributeError(f"module 'kdist' has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted(list(globals()) + list(_LAZY_MODULES) + list(_LAZY_NAMES))
-
-__all__ = [
-    "Adasum", "Average", "Compression", "DistributedOptimizer", "Max", "Min",
-    "PartialDistributedOptimizer", "ProcessSet", "Product", "Sum", "SyncBatchNormalization",
-    "add_process_set", "allgather", "allgather_object", "allreduce", "alltoall", "barrier",
-    "broadcast", "broadcast_", "broadcast_global_variables", "broadcast_object",
-    "broadcast_object_fn", "broadcast_variables", "DistributedGradientTape",
-    "PartialDistributedGradientTape", "grouped_allgather", "grouped_reducescatter",
-    "local_rank_op", "local_size_op", "process_set_included_op", "rank_op", "size_op",
-    "callbacks", "ccl_built", "comm", "cross_rank", "cross_size", "cuda_built", "ddl_built",
-    "distribute", "gan", "global_process_set", "gloo_built", "gloo_enabled", "grouped_allreduce",
-    "init", "is_homogeneous", "is_initialized", "join", "load_model", "local_rank", "local_size",
-    "mpi_built", "mpi_enabled", "mpi_threads_supported", "nccl_built", "optimizers", "precision",
-    "ps", "rank", "reducescatter", "remove_process_set", "rocm_built", "shutdown", "size",
-    "sparsity", "start_timeline", "stop_timeline", "tfmot", "tune", "__version__",
-]
+__all__, __getattr__, __dir__ = _declare(__name__, _EXPORTS, missing=_NOT_PROVIDED)
 
 from kdist import _registration  # noqa: E402
 

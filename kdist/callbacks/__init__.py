@@ -1,27 +1,24 @@
 """Keras callbacks for distributed training, named as in Horovod."""
 
-from kdist.callbacks.agreement import Agreement
-from kdist.callbacks.broadcast import BroadcastGlobalVariablesCallback, MetricAverageCallback
-from kdist.callbacks.checkpoint import Checkpoint, latest_checkpoint
-from kdist.callbacks.learning_rate import (
-    LearningRateScheduleCallback,
-    LearningRateWarmupCallback,
-    scale_learning_rate,
-)
-from kdist.callbacks.saving import (
-    BackupAndRestore,
-    ModelCheckpoint,
-    save_model,
-    save_weights,
-    writing_once,
-)
-from kdist.callbacks.noise_scale import GradientNoiseScale, estimate_noise_scale
-from kdist.callbacks.tensorboard import TensorBoard
+from kdist._exports import declare as _declare
 
-__all__ = [
-    "Agreement", "BackupAndRestore", "BroadcastGlobalVariablesCallback", "Checkpoint",
-    "GradientNoiseScale", "ModelCheckpoint", "save_model", "save_weights", "writing_once",
-    "LearningRateScheduleCallback",
-    "LearningRateWarmupCallback", "MetricAverageCallback", "TensorBoard", "latest_checkpoint",
-    "estimate_noise_scale", "scale_learning_rate",
-]
+_EXPORTS = {
+    "Agreement": "kdist.callbacks.agreement",
+    "BroadcastGlobalVariablesCallback": "kdist.callbacks.broadcast",
+    "MetricAverageCallback": "kdist.callbacks.broadcast",
+    "Checkpoint": "kdist.callbacks.checkpoint",
+    "latest_checkpoint": "kdist.callbacks.checkpoint",
+    "LearningRateScheduleCallback": "kdist.callbacks.learning_rate",
+    "LearningRateWarmupCallback": "kdist.callbacks.learning_rate",
+    "scale_learning_rate": "kdist.callbacks.learning_rate",
+    "estimate_noise_scale": "kdist.callbacks.noise_scale",
+    "GradientNoiseScale": "kdist.callbacks.noise_scale",
+    "BackupAndRestore": "kdist.callbacks.saving",
+    "ModelCheckpoint": "kdist.callbacks.saving",
+    "save_model": "kdist.callbacks.saving",
+    "save_weights": "kdist.callbacks.saving",
+    "writing_once": "kdist.callbacks.saving",
+    "TensorBoard": "kdist.callbacks.tensorboard",
+}
+
+__all__, __getattr__, __dir__ = _declare(__name__, _EXPORTS)

@@ -8,73 +8,64 @@ for uneven data, failure handling (`kdist.comm.watchdog`), and a timeline of eve
 (`kdist.comm.timeline`).
 """
 
-from kdist.comm.collectives import (
-    allgather,
-    allgather_object,
-    allreduce,
-    alltoall,
-    barrier,
-    broadcast,
-    broadcast_,
-    broadcast_global_variables,
-    broadcast_object,
-    broadcast_object_fn,
-    broadcast_variables,
-    grouped_allgather,
-    grouped_allreduce,
-    grouped_reducescatter,
-    reducescatter,
-)
-from kdist.comm.communicator import Adasum, Average, Communicator, Max, Min, Product, Sum
-from kdist.comm.compression import Compression
-from kdist.comm.fusion import plan_buckets
-from kdist.comm.joining import join
-from kdist.comm.process_ops import (
-    local_rank_op,
-    local_size_op,
-    process_set_included_op,
-    rank_op,
-    size_op,
-)
-from kdist.comm.process_sets import (
-    ProcessSet,
-    add_process_set,
-    global_process_set,
-    remove_process_set,
-)
-from kdist.comm.processes import (
-    cross,
-    cross_rank,
-    cross_size,
-    init,
-    is_initialized,
-    launched_by_mpi,
-    local,
-    local_rank,
-    local_size,
-    mpi_built,
-    mpi_enabled,
-    mpi_threads_supported,
-    rank,
-    shutdown,
-    size,
-    world,
-)
-from kdist.comm.protocol import CollectiveMismatch
-from kdist.comm.tensors import TensorReducer
-from kdist.comm.timeline import start_timeline, stop_timeline
-from kdist.comm.watchdog import abort
+from kdist._exports import declare as _declare
 
-__all__ = [
-    "Adasum", "Average", "CollectiveMismatch", "Communicator", "Compression", "Max", "Min",
-    "Product", "ProcessSet", "Sum", "abort", "add_process_set", "allgather", "allgather_object",
-    "allreduce", "alltoall", "barrier", "broadcast", "broadcast_", "broadcast_global_variables",
-    "broadcast_object", "broadcast_object_fn", "broadcast_variables", "cross", "cross_rank",
-    "cross_size",
-    "global_process_set", "grouped_allgather", "grouped_allreduce", "grouped_reducescatter",
-    "init", "is_initialized", "join", "launched_by_mpi", "local", "local_rank", "local_rank_op",
-    "local_size", "local_size_op", "mpi_built", "mpi_enabled", "mpi_threads_supported",
-    "plan_buckets", "process_set_included_op", "rank", "rank_op", "reducescatter",
-    "remove_process_set", "shutdown", "size", "size_op",
-    "start_timeline", "stop_timeline", "TensorReducer", "world",
-]
+_EXPORTS = {
+    "allgather": "kdist.comm.collectives",
+    "allgather_object": "kdist.comm.collectives",
+    "allreduce": "kdist.comm.collectives",
+    "alltoall": "kdist.comm.collectives",
+    "barrier": "kdist.comm.collectives",
+    "broadcast": "kdist.comm.collectives",
+    "broadcast_": "kdist.comm.collectives",
+    "broadcast_global_variables": "kdist.comm.collectives",
+    "broadcast_object": "kdist.comm.collectives",
+    "broadcast_object_fn": "kdist.comm.collectives",
+    "broadcast_variables": "kdist.comm.collectives",
+    "grouped_allgather": "kdist.comm.collectives",
+    "grouped_allreduce": "kdist.comm.collectives",
+    "grouped_reducescatter": "kdist.comm.collectives",
+    "reducescatter": "kdist.comm.collectives",
+    "Adasum": "kdist.comm.communicator",
+    "Average": "kdist.comm.communicator",
+    "Communicator": "kdist.comm.communicator",
+    "Max": "kdist.comm.communicator",
+    "Min": "kdist.comm.communicator",
+    "Product": "kdist.comm.communicator",
+    "Sum": "kdist.comm.communicator",
+    "Compression": "kdist.comm.compression",
+    "plan_buckets": "kdist.comm.fusion",
+    "join": "kdist.comm.joining",
+    "local_rank_op": "kdist.comm.process_ops",
+    "local_size_op": "kdist.comm.process_ops",
+    "process_set_included_op": "kdist.comm.process_ops",
+    "rank_op": "kdist.comm.process_ops",
+    "size_op": "kdist.comm.process_ops",
+    "add_process_set": "kdist.comm.process_sets",
+    "global_process_set": "kdist.comm.process_sets",
+    "ProcessSet": "kdist.comm.process_sets",
+    "remove_process_set": "kdist.comm.process_sets",
+    "cross": "kdist.comm.processes",
+    "cross_rank": "kdist.comm.processes",
+    "cross_size": "kdist.comm.processes",
+    "init": "kdist.comm.processes",
+    "is_initialized": "kdist.comm.processes",
+    "launched_by_mpi": "kdist.comm.processes",
+    "local": "kdist.comm.processes",
+    "local_rank": "kdist.comm.processes",
+    "local_size": "kdist.comm.processes",
+    "mpi_built": "kdist.comm.processes",
+    "mpi_enabled": "kdist.comm.processes",
+    "mpi_threads_supported": "kdist.comm.processes",
+    "rank": "kdist.comm.processes",
+    "shutdown": "kdist.comm.processes",
+    "size": "kdist.comm.processes",
+    "world": "kdist.comm.processes",
+    "CollectiveMismatch": "kdist.comm.protocol",
+    "TensorReducer": "kdist.comm.tensors",
+    "start_timeline": "kdist.comm.timeline",
+    "stop_timeline": "kdist.comm.timeline",
+    "abort": "kdist.comm.watchdog",
+}
+
+__all__, __getattr__, __dir__ = _declare(__name__, _EXPORTS)

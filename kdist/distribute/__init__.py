@@ -13,34 +13,23 @@ Names load on first use, so that `kdist launch` starts its workers without
 importing TensorFlow itself.
 """
 
-import importlib as _importlib
+from kdist._exports import declare as _declare
 
-_LAZY = {
+_EXPORTS = {
+    "cluster_spec_from_environ": "kdist.distribute.cluster",
+    "resolve_cluster": "kdist.distribute.cluster",
+    "fit_link": "kdist.distribute.cost_model",
+    "Link": "kdist.distribute.cost_model",
     "MPIStrategy": "kdist.distribute.mpi_strategy",
     "slice_batches": "kdist.distribute.mpi_strategy",
-    "SyncBatchNormalization": "kdist.distribute.sync_batch_norm",
     "MultiWorkerMirroredStrategy": "kdist.distribute.multi_worker",
-    "auto": "kdist.distribute.selection",
-    "choose": "kdist.distribute.selection",
-    "resolve_cluster": "kdist.distribute.cluster",
-    "cluster_spec_from_environ": "kdist.distribute.cluster",
+    "Cluster": "kdist.distribute.planner",
+    "measure_link": "kdist.distribute.planner",
     "plan": "kdist.distribute.planner",
     "Workload": "kdist.distribute.planner",
-    "Cluster": "kdist.distribute.planner",
-    "Link": "kdist.distribute.cost_model",
-    "fit_link": "kdist.distribute.cost_model",
-    "measure_link": "kdist.distribute.planner",
+    "auto": "kdist.distribute.selection",
+    "choose": "kdist.distribute.selection",
+    "SyncBatchNormalization": "kdist.distribute.sync_batch_norm",
 }
 
-
-def __getattr__(name):
-    if name in _LAZY:
-        return getattr(_importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'kdist.distribute' has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted(list(globals()) + list(_LAZY))
-
-
-__all__ = sorted(_LAZY)
+__all__, __getattr__, __dir__ = _declare(__name__, _EXPORTS)

@@ -19,38 +19,23 @@ Start it with `kdist run --elastic -n 3 script.py` (add `--max-np 3` to
 replace lost ranks with new processes). See docs/elastic.md.
 """
 
-from kdist.comm.recovery import RanksLost
-from kdist.elastic.callbacks import (
-    CommitStateCallback,
-    UpdateBatchStateCallback,
-    UpdateEpochStateCallback,
-)
-from kdist.elastic.runner import FatalToThisRank, is_replacement, run
-from kdist.elastic.state import (
-    HostsUpdatedInterrupt,
-    KerasState,
-    ObjectState,
-    State,
-    TensorFlowKerasState,
-    TensorFlowState,
-)
+from kdist._exports import declare as _declare
 
-# Horovod's name for the error a lost rank causes.
-HorovodInternalError = RanksLost
+_EXPORTS = {
+    "RanksLost": "kdist.comm.recovery",
+    "CommitStateCallback": "kdist.elastic.callbacks",
+    "UpdateBatchStateCallback": "kdist.elastic.callbacks",
+    "UpdateEpochStateCallback": "kdist.elastic.callbacks",
+    "FatalToThisRank": "kdist.elastic.runner",
+    "HorovodInternalError": "kdist.elastic.runner",
+    "is_replacement": "kdist.elastic.runner",
+    "run": "kdist.elastic.runner",
+    "HostsUpdatedInterrupt": "kdist.elastic.state",
+    "KerasState": "kdist.elastic.state",
+    "ObjectState": "kdist.elastic.state",
+    "State": "kdist.elastic.state",
+    "TensorFlowKerasState": "kdist.elastic.state",
+    "TensorFlowState": "kdist.elastic.state",
+}
 
-__all__ = [
-    "CommitStateCallback",
-    "FatalToThisRank",
-    "HorovodInternalError",
-    "HostsUpdatedInterrupt",
-    "KerasState",
-    "ObjectState",
-    "RanksLost",
-    "State",
-    "TensorFlowKerasState",
-    "TensorFlowState",
-    "UpdateBatchStateCallback",
-    "UpdateEpochStateCallback",
-    "is_replacement",
-    "run",
-]
+__all__, __getattr__, __dir__ = _declare(__name__, _EXPORTS)

@@ -9,6 +9,9 @@ import sys
 from kdist.comm import ending, processes, recovery
 from kdist.elastic.state import HostsUpdatedInterrupt, State
 
+# Horovod's name for the error a lost rank causes.
+HorovodInternalError = recovery.RanksLost
+
 logger = logging.getLogger(__name__)
 
 

@@ -5,6 +5,10 @@
 'GAN'
 """
 
-from kdist.gan.gan import GAN
+from kdist._exports import declare as _declare
 
-__all__ = ["GAN"]
+_EXPORTS = {
+    "GAN": "kdist.gan.gan",
+}
+
+__all__, __getattr__, __dir__ = _declare(__name__, _EXPORTS)

@@ -1,6 +1,10 @@
 """Decentralised training: replicas averaged with their neighbours on a graph."""
 
-from kdist.gossip.averaging import GossipAveraging
-from kdist.gossip.topology import Topology
+from kdist._exports import declare as _declare
 
-__all__ = ["GossipAveraging", "Topology"]
+_EXPORTS = {
+    "GossipAveraging": "kdist.gossip.averaging",
+    "Topology": "kdist.gossip.topology",
+}
+
+__all__, __getattr__, __dir__ = _declare(__name__, _EXPORTS)

@@ -1,17 +1,16 @@
 """Optimizers for distributed training: gradient averaging across ranks, LARS."""
 
-from kdist.optimizers.aggregation import LocalGradientAggregator
-from kdist.optimizers.distributed import (
-    AllreduceOptimizer,
-    DistributedOptimizer,
-    PartialDistributedOptimizer,
-)
-from kdist.optimizers.lars import LARS
-from kdist.optimizers.tape import DistributedGradientTape, PartialDistributedGradientTape
-from kdist.optimizers.loading import load_model
+from kdist._exports import declare as _declare
 
-__all__ = [
-    "AllreduceOptimizer", "DistributedGradientTape", "DistributedOptimizer", "LARS",
-    "LocalGradientAggregator", "PartialDistributedGradientTape", "PartialDistributedOptimizer",
-    "load_model",
-]
+_EXPORTS = {
+    "LocalGradientAggregator": "kdist.optimizers.aggregation",
+    "AllreduceOptimizer": "kdist.optimizers.distributed",
+    "DistributedOptimizer": "kdist.optimizers.distributed",
+    "PartialDistributedOptimizer": "kdist.optimizers.distributed",
+    "LARS": "kdist.optimizers.lars",
+    "load_model": "kdist.optimizers.loading",
+    "DistributedGradientTape": "kdist.optimizers.tape",
+    "PartialDistributedGradientTape": "kdist.optimizers.tape",
+}
+
+__all__, __getattr__, __dir__ = _declare(__name__, _EXPORTS)

@@ -1,7 +1,11 @@
 """Mixed precision with loss scaling that all ranks agree on."""
 
-from kdist.precision.policy import LossScaleOptimizer, enable, loss_scaling_enabled
+from kdist._exports import declare as _declare
 
-__all__ = [
-    "LossScaleOptimizer", "enable", "loss_scaling_enabled",
-]
+_EXPORTS = {
+    "enable": "kdist.precision.policy",
+    "loss_scaling_enabled": "kdist.precision.policy",
+    "LossScaleOptimizer": "kdist.precision.policy",
+}
+
+__all__, __getattr__, __dir__ = _declare(__name__, _EXPORTS)

@@ -5,13 +5,18 @@
 ({1: 0, 2: 0, 3: 1, 4: 2}, {0: [1, 2], 1: [3], 2: [4]})
 """
 
-from kdist.ps import algorithms
-from kdist.ps.layout import Layout
-from kdist.ps.master_optimizers import MasterAdam, MasterSGD
-from kdist.ps.server import Server
-from kdist.ps.strategy import ParameterServerStrategy
-from kdist.ps.hierarchy import topology
-from kdist.ps.worker import SyncCallback, WorkerSession
+from kdist._exports import declare as _declare
 
-__all__ = ["Layout", "MasterAdam", "MasterSGD", "ParameterServerStrategy", "Server",
-           "SyncCallback", "WorkerSession", "algorithms", "topology"]
+_EXPORTS = {
+    "algorithms": "kdist.ps.algorithms",
+    "topology": "kdist.ps.hierarchy",
+    "Layout": "kdist.ps.layout",
+    "MasterAdam": "kdist.ps.master_optimizers",
+    "MasterSGD": "kdist.ps.master_optimizers",
+    "Server": "kdist.ps.server",
+    "ParameterServerStrategy": "kdist.ps.strategy",
+    "SyncCallback": "kdist.ps.worker",
+    "WorkerSession": "kdist.ps.worker",
+}
+
+__all__, __getattr__, __dir__ = _declare(__name__, _EXPORTS)

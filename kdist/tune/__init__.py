@@ -9,23 +9,31 @@ Every oracle plugs into any `keras_tuner.Tuner` (`oracle=`); `KFoldTuner`
 scores trials by cross-validation.
 """
 
-# compat comes first: importing it warns when keras-tuner is an untested version.
-from kdist.tune.compat import TESTED_KERAS_TUNER
-from kdist.tune.bayesian import BayesianOracle, expected_improvement
-from kdist.tune.bohb import BOHB, BOHBOracle
-from kdist.tune.distributed import Roles, clear_project, current_roles, search, trial_comm
-from kdist.tune.genetic import GeneticOracle
-from kdist.tune.kfold import KFoldTuner, fold_indices
-from kdist.tune.pareto import NSGA2Oracle, ParEGOOracle, dominates, plot_front
-from kdist.tune.pbt import PBT, ScheduleReplay
-from kdist.tune.population import PBTOracle
-from kdist.tune.space import Encoding
-from kdist.tune.trajectories import plot_population
+from kdist._exports import declare as _declare
 
-__all__ = [
-    "BOHB", "BOHBOracle", "BayesianOracle", "Encoding", "GeneticOracle", "KFoldTuner",
-    "NSGA2Oracle", "PBT", "PBTOracle", "ParEGOOracle", "Roles", "ScheduleReplay",
-    "TESTED_KERAS_TUNER", "clear_project", "current_roles", "dominates",
-    "expected_improvement", "fold_indices", "plot_front", "plot_population",
-    "search", "trial_comm",
-]
+_EXPORTS = {
+    "BayesianOracle": "kdist.tune.bayesian",
+    "expected_improvement": "kdist.tune.bayesian",
+    "BOHB": "kdist.tune.bohb",
+    "BOHBOracle": "kdist.tune.bohb",
+    "TESTED_KERAS_TUNER": "kdist.tune.compat",
+    "clear_project": "kdist.tune.distributed",
+    "current_roles": "kdist.tune.distributed",
+    "Roles": "kdist.tune.distributed",
+    "search": "kdist.tune.distributed",
+    "trial_comm": "kdist.tune.distributed",
+    "GeneticOracle": "kdist.tune.genetic",
+    "fold_indices": "kdist.tune.kfold",
+    "KFoldTuner": "kdist.tune.kfold",
+    "dominates": "kdist.tune.pareto",
+    "NSGA2Oracle": "kdist.tune.pareto",
+    "ParEGOOracle": "kdist.tune.pareto",
+    "plot_front": "kdist.tune.pareto",
+    "PBT": "kdist.tune.pbt",
+    "ScheduleReplay": "kdist.tune.pbt",
+    "PBTOracle": "kdist.tune.population",
+    "Encoding": "kdist.tune.space",
+    "plot_population": "kdist.tune.trajectories",
+}
+
+__all__, __getattr__, __dir__ = _declare(__name__, _EXPORTS)
