@@ -14,7 +14,7 @@ barrier before it):
 - `raw`: one raw mpi4py `Allreduce` of the same gradient bytes.
 
 A triple takes a few milliseconds, so whatever the machine does meanwhile
-(another tenant, the host moving the virtual cores; see docs/performance.md)
+(another tenant, the host moving the virtual cores; see docs/lab/core_placement.md)
 touches all three alike. Per round, overhead = median over the triples of
 (kdist step - plain step), and its ratio to the median raw allreduce; the
 medians over rounds are the figures. `slowest_rank_wait_ms` is the part of

@@ -1,4 +1,4 @@
-"""The benchmark scripts still run and print the JSON that docs/performance.md quotes."""
+"""The benchmark scripts still run and print the JSON that the pages of docs/lab/ quote."""
 
 import json
 import os

@@ -10,7 +10,7 @@ normalisation and dropout, then average pooling and three heads: real/fake
 (sigmoid), the regressed primary energy, and the sum of the cell energies.
 
 `small=True` gives a lighter variant that trains about 20 times more showers
-per second on a CPU (docs/performance.md), for CPU work and tests.
+per second on a CPU (docs/lab/gan_throughput.md), for CPU work and tests.
 `generator(coordinates=True)` lets the generator's last convolutions see each
 cell's position (`CellCoordinates`), which narrows the shower core;
 `discriminator(log_cells=True)` shows the discriminator log cell energies

@@ -11,7 +11,7 @@ From those, each function gives the seconds one step or one exchange takes:
 - `data_parallel_step`: compute, plus the gradient's buckets, less what the
   backward pass hides (`overlap`: the fraction of the overlappable part that
   is hidden; about 0.5 measured with one core per rank over a 1 Gbit/s link,
-  docs/performance.md).
+  docs/lab/network.md).
 - `parameter_server_step`, `gossip_step`, `pipeline_step`,
   `tensor_parallel_step`: the other layouts' steps.
 

@@ -83,7 +83,7 @@ class Cluster:
     pass hides (0.5 measured with one core per rank; higher with a core to spare);
     `per_bucket`: seconds of kdist's own work per gradient bucket, per gossip exchange and
     per parameter-server push or pull (packing, announcing, unpacking; 0-1 ms measured,
-    docs/performance.md), which makes many small buckets cost more than a few."""
+    docs/lab/network.md), which makes many small buckets cost more than a few."""
 
     nodes: int
     per_node: int
