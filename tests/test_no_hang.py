@@ -81,6 +81,27 @@ kdist.init()
 """
 
 
+DIES_AS_MPI_STARTS = """
+import os
+if os.environ.get("OMPI_COMM_WORLD_RANK") == "1":
+    from mpi4py import MPI  # MPI has started; the rank dies before kdist does
+    os._exit(3)
+import kdist
+kdist.init()
+"""
+
+
+def test_a_rank_that_dies_while_the_job_starts_ends_a_fault_tolerant_job(mpi_job):
+    # Under fault tolerance the launcher lets the others go on without rank 1; their
+    # kdist.init() fails in its first collective and ends the whole job, rather than
+    # leave it to the launcher, which would wait on.
+    """Its own job: a rank dies while the others start; how they end is the subject."""
+    job = mpi_job(DIES_AS_MPI_STARTS, n=3, check=False, timeout=120, fault_tolerant=True)
+    assert job.returncode != 0
+    assert "kdist.init() failed while the job started" in job.output, job.output[-3000:]
+    assert "Ending the job with MPI_Abort" in job.output
+
+
 @pytest.mark.parametrize("launch", ["mpiexec, fault tolerant", "kdist run --elastic"])
 def test_a_rank_that_never_starts_ends_the_job_after_the_start_timeout(mpi_job, launch):
     # kdist's watchdog starts only once kdist.init() is done, and MPI_Init waits for every

@@ -146,9 +146,31 @@ def init(comm=None, process_sets=None):
         starting = _StartDeadline()
     try:
         _init(comm, process_sets)
+    except Exception as error:
+        if starting is not None and _is_mpi_error(error):
+            _end_a_failed_start(error)
+        raise
     finally:
         if starting is not None:
             starting.cancel()
+
+
+def _is_mpi_error(error):
+    MPI = sys.modules.get("mpi4py.MPI")
+    return MPI is not None and isinstance(error, MPI.Exception)
+
+
+def _end_a_failed_start(error):
+    """Ends the whole job when MPI failed while it started (another rank died in
+    `MPI_Init`, say). Under fault tolerance the launcher would let the other ranks
+    go on without this one, and this process's exit could wait in `MPI_Finalize`
+    for the dead peer: the job would never end."""
+    rank = _prefix.launcher_rank()
+    sys.stderr.write(f"[kdist rank {rank}] kdist.init() failed while the job started "
+                     f"({error}); another rank may have died as it started. Ending the "
+                     "job with MPI_Abort.\n")
+    sys.stderr.flush()
+    _mpi().COMM_WORLD.Abort(1)
 
 
 def _init(comm, process_sets):
