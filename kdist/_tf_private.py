@@ -112,7 +112,8 @@ def in_multi_worker_mode(strategy):
 
 def one_device_extended():
     """The class TensorFlow's `OneDeviceStrategy` extends itself with, for a strategy that
-    runs one replica per process (`MPIStrategy`).
+    runs one replica per process (`MPIStrategy`), which subclasses it after
+    `StrategyHooksThrough`.
 
     Relies on `tensorflow.python.distribute.one_device_strategy.OneDeviceExtended` and
     the `StrategyExtendedV2` hooks it implements (`_create_variable`, `_reduce_to`,
@@ -121,6 +122,105 @@ def one_device_extended():
     from tensorflow.python.distribute import one_device_strategy
 
     return one_device_strategy.OneDeviceExtended
+
+
+class StrategyHooksThrough:
+    """`tf.distribute.StrategyExtended` mixin, listed before `one_device_extended()`: the
+    hooks TensorFlow's `Strategy` calls go to public-named methods of the class using it,
+    which defines
+
+    - `replica_count()`, the number of replicas in sync;
+    - `local_replica_index(replica_id_in_sync_group)`, a replica's index among this
+      process's devices;
+    - `run_for_each_replica(fn, args, kwargs)`, what `Strategy.run` runs;
+    - `make_variable(next_creator, **kwargs)`, each variable made in the strategy's scope
+      (`default_make_variable` makes it as the base class would);
+    - `local_results(value)`, the components of `value` on this process;
+    - `reduce_values(reduce_op, value, destinations, options)` and
+      `batch_reduce_values(reduce_op, value_destination_pairs, options)`;
+    - `gather_values(value, destinations, axis, options)`;
+    - `distribute_dataset(dataset, options)` (`default_distribute_dataset` distributes it
+      as the base class would), `distribute_datasets_from_fn(dataset_fn, options)` and
+      `distribute_values_from_fn(value_fn)`;
+    - `batch_size_is_global`, whether datasets come batched with the global batch size.
+
+    TensorFlow has no public way to define a strategy. Relies on the `StrategyExtendedV2`
+    hooks `_num_replicas_in_sync`, `_get_local_replica_id`, `_call_for_each_replica`,
+    `_create_variable`, `_local_results`, `_reduce_to`, `_batch_reduce_to`,
+    `_gather_to_implementation`, `_experimental_distribute_dataset`,
+    `_distribute_datasets_from_function`, `_experimental_distribute_values_from_function`
+    and `_global_batch_size`.
+    """
+
+    @property
+    def _num_replicas_in_sync(self):
+        return self.replica_count()
+
+    def _get_local_replica_id(self, replica_id_in_sync_group):
+        return self.local_replica_index(replica_id_in_sync_group)
+
+    def _call_for_each_replica(self, fn, args, kwargs):
+        return self.run_for_each_replica(fn, args, kwargs)
+
+    def _create_variable(self, next_creator, **kwargs):
+        return self.make_variable(next_creator, **kwargs)
+
+    def default_make_variable(self, next_creator, **kwargs):
+        return super()._create_variable(next_creator, **kwargs)
+
+    def _local_results(self, value):
+        return self.local_results(value)
+
+    def _reduce_to(self, reduce_op, value, destinations, options):
+        return self.reduce_values(reduce_op, value, destinations, options)
+
+    def _batch_reduce_to(self, reduce_op, value_destination_pairs, options):
+        return self.batch_reduce_values(reduce_op, value_destination_pairs, options)
+
+    def _gather_to_implementation(self, value, destinations, axis, options):
+        return self.gather_values(value, destinations, axis, options)
+
+    def _experimental_distribute_dataset(self, dataset, options):
+        return self.distribute_dataset(dataset, options)
+
+    def default_distribute_dataset(self, dataset, options):
+        return super()._experimental_distribute_dataset(dataset, options)
+
+    def _distribute_datasets_from_function(self, dataset_fn, options):
+        return self.distribute_datasets_from_fn(dataset_fn, options)
+
+    def _experimental_distribute_values_from_function(self, value_fn):
+        return self.distribute_values_from_fn(value_fn)
+
+    @property
+    def _global_batch_size(self):
+        return self.batch_size_is_global
+
+
+def container_strategy(extended):
+    """The `tf.distribute.Strategy` whose `extended` is `extended`.
+
+    Relies on `StrategyExtendedV2._container_strategy()`.
+    """
+    return extended._container_strategy()
+
+
+def extended_device(extended):
+    """The device a `one_device_extended()` (or a subclass) computes on, as TensorFlow
+    resolved it.
+
+    Relies on `OneDeviceExtended._device`.
+    """
+    return extended._device
+
+
+def input_workers(extended, options):
+    """The input workers a `one_device_extended()` (or a subclass) distributes datasets to
+    under the `tf.distribute.InputOptions` `options` (None for the defaults).
+
+    Relies on `OneDeviceExtended._input_workers_with_options`.
+    """
+    return extended._input_workers_with_options(options)
 
 
 def create_sync_on_read_variable(strategy, create_local, **kwargs):

@@ -102,7 +102,7 @@ class MPIStrategy(tf.distribute.Strategy):
         return self
 
 
-class _MPIExtended(_tf_private.one_device_extended()):
+class _MPIExtended(_tf_private.StrategyHooksThrough, _tf_private.one_device_extended()):
     """One local device, with every cross-replica operation taken over MPI."""
 
     def __init__(self, container_strategy, device, comm, compression, bucket_bytes):
@@ -118,19 +118,19 @@ class _MPIExtended(_tf_private.one_device_extended()):
 
     # -- replicas -------------------------------------------------------------
 
-    @property
-    def _num_replicas_in_sync(self):
+    def replica_count(self):
         return self.comm.size
 
-    def _get_local_replica_id(self, replica_id_in_sync_group):
+    def local_replica_index(self, replica_id_in_sync_group):
         # Every rank holds exactly one replica: local index 0.
         return 0
 
-    def _call_for_each_replica(self, fn, args, kwargs):
+    def run_for_each_replica(self, fn, args, kwargs):
         if self._model_checked != processes.world_generation() and self.comm.size > 1:
             self._check_same_model()
-        strategy = self._container_strategy()
-        with tf.device(self._device), _MPIReplicaContext(strategy, self.comm.rank):
+        strategy = _tf_private.container_strategy(self)
+        device = _tf_private.extended_device(self)
+        with tf.device(device), _MPIReplicaContext(strategy, self.comm.rank):
             outputs = fn(*args, **kwargs)
         if _is_overflow_check(fn) and self.comm.size > 1:
             # Keras's LossScaleOptimizer checks each replica's own gradients
@@ -167,17 +167,17 @@ class _MPIExtended(_tf_private.one_device_extended()):
 
     # -- variables ------------------------------------------------------------
 
-    def _create_variable(self, next_creator, **kwargs):
+    def make_variable(self, next_creator, **kwargs):
         synchronization = kwargs.get("synchronization")
         if synchronization == tf.VariableSynchronization.ON_READ and self.comm.size > 1:
             # Sync-on-read (metric state): local updates, reads outside a
-            # step reduce over the ranks through `_reduce_to`.
+            # step reduce over the ranks through `reduce_values`.
             def create_local(**creator_kwargs):
-                with tf.device(self._device):
+                with tf.device(_tf_private.extended_device(self)):
                     return [next_creator(**creator_kwargs)]
 
             return _tf_private.create_sync_on_read_variable(
-                self._container_strategy(), create_local, **kwargs)
+                _tf_private.container_strategy(self), create_local, **kwargs)
         # Once an elastic job's world changed, ranks create variables at
         # different times (a replacement builds its whole model while the
         # others wait for it); kdist.elastic's state sync then gives every
@@ -185,7 +185,7 @@ class _MPIExtended(_tf_private.one_device_extended()):
         if self.comm.size > 1 and processes.world_generation() == 0:
             kwargs["initial_value"] = self._broadcast_initial_value(
                 kwargs.get("initial_value"), kwargs.get("dtype"), kwargs.get("name"))
-        variable = super()._create_variable(next_creator, **kwargs)
+        variable = self.default_make_variable(next_creator, **kwargs)
         self._created.append(weakref.ref(variable))
         return variable
 
@@ -204,7 +204,7 @@ class _MPIExtended(_tf_private.one_device_extended()):
         value = _tf_private.read_sync_on_read(replica_local_var)
         return tf.identity(replica_local_var) if value is None else value
 
-    def _local_results(self, value):
+    def local_results(self, value):
         if isinstance(value, tf.distribute.DistributedValues):
             return _tf_private.local_values(value)
         return (value,)
@@ -214,10 +214,10 @@ class _MPIExtended(_tf_private.one_device_extended()):
 
     # -- reductions -----------------------------------------------------------
 
-    def _reduce_to(self, reduce_op, value, destinations, options):
-        return self._batch_reduce_to(reduce_op, [(value, destinations)], options)[0]
+    def reduce_values(self, reduce_op, value, destinations, options):
+        return self.batch_reduce_values(reduce_op, [(value, destinations)], options)[0]
 
-    def _batch_reduce_to(self, reduce_op, value_destination_pairs, options):
+    def batch_reduce_values(self, reduce_op, value_destination_pairs, options):
         values = [_local_value(v) for v, _ in value_destination_pairs]
         if reduce_op == tf.distribute.ReduceOp.SUM:
             return self._sum(values)
@@ -225,7 +225,7 @@ class _MPIExtended(_tf_private.one_device_extended()):
             return self._mean(values)
         raise ValueError(f"MPIStrategy reduces with SUM or MEAN; got {reduce_op}.")
 
-    def _gather_to_implementation(self, value, destinations, axis, options):
+    def gather_values(self, value, destinations, axis, options):
         value = _local_value(value)
         if axis == 0:
             return collectives.allgather(value, comm=self.comm)
@@ -234,29 +234,29 @@ class _MPIExtended(_tf_private.one_device_extended()):
         return tf.transpose(gathered, tf.math.invert_permutation(perm))
 
     def _replica_ctx_all_gather(self, value, axis, options=None):
-        return self._gather_to_implementation(value, None, axis, options)
+        return self.gather_values(value, None, axis, options)
 
     # -- input ----------------------------------------------------------------
 
-    def _experimental_distribute_dataset(self, dataset, options):
+    def distribute_dataset(self, dataset, options):
         if self.comm.size > 1:
             dataset = slice_batches(dataset, self.comm.rank, self.comm.size)
         if options is not None:
-            return super()._experimental_distribute_dataset(dataset, options)
+            return self.default_distribute_dataset(dataset, options)
         # Without TensorFlow's prefetching thread, whose iterator can crash the process
         # when it is destroyed mid-prefetch (see _tf_private); one device needs none.
         return _tf_private.distributed_dataset_without_prefetch_thread(
-            dataset, self._input_workers_with_options(None), self._container_strategy())
+            dataset, _tf_private.input_workers(self, None), _tf_private.container_strategy(self))
 
-    def _distribute_datasets_from_function(self, dataset_fn, options):
+    def distribute_datasets_from_fn(self, dataset_fn, options):
         context = tf.distribute.InputContext(
             num_input_pipelines=self.comm.size, input_pipeline_id=self.comm.rank,
             num_replicas_in_sync=self.comm.size)
         return _tf_private.distributed_datasets_from_function(
-            dataset_fn, self._input_workers_with_options(options), [context],
-            self._container_strategy(), options)
+            dataset_fn, _tf_private.input_workers(self, options), [context],
+            _tf_private.container_strategy(self), options)
 
-    def _experimental_distribute_values_from_function(self, value_fn):
+    def distribute_values_from_fn(self, value_fn):
         return value_fn(tf.distribute.experimental.ValueContext(
             replica_id_in_sync_group=self.comm.rank, num_replicas_in_sync=self.comm.size))
 
@@ -270,9 +270,7 @@ class _MPIExtended(_tf_private.one_device_extended()):
     def should_save_summary(self):
         return self.comm.rank == 0
 
-    @property
-    def _global_batch_size(self):
-        return True
+    batch_size_is_global = True
 
 
 class _MPIReplicaContext(tf.distribute.ReplicaContext):
@@ -281,7 +279,7 @@ class _MPIReplicaContext(tf.distribute.ReplicaContext):
 
     @property
     def devices(self):
-        return self._strategy.extended.worker_devices
+        return self.strategy.extended.worker_devices
 
 
 def slice_batches(dataset, rank, size):

@@ -1,11 +1,11 @@
 """Which layout to train a model in on a cluster: data parallel, a pipeline, split
 layers, a parameter server or gossip, predicted with `kdist.distribute.cost_model`.
 
-`plan(workload, cluster)` returns every layout that fits in memory, fastest
-first, each with its predicted step time, samples per second and scaling
-efficiency (samples per second over `ranks` times one device's), and for data
-parallelism the bucket size that the model predicts fastest. `kdist plan` prints
-it. The layouts:
+`plan(work, cluster)`, given a `Workload` and a `Cluster`, returns every layout
+that fits in memory, fastest first, each with its predicted step time, samples per
+second and scaling efficiency (samples per second over `ranks` times one device's),
+and for data parallelism the bucket size that the model predicts fastest. `kdist plan`
+prints it. The layouts:
 
 - `data`: every rank holds the whole model; gradients are reduced in buckets,
   within nodes first when a node has several ranks.

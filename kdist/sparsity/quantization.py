@@ -107,6 +107,13 @@ class QuantizeAware(KernelWrapper):
         preserve_sparsity: keep weights that are zero when wrapped at zero
             (a pruned, stripped model stays pruned while it is fine-tuned).
         momentum: of the moving average of the output range.
+        deferred_activation: an activation (anything `keras.activations.get`
+            takes) applied to the output after it is fake-quantised, with
+            `activations` only; the layer's own activation is then left as it
+            is. None (the default): with `activations`, a layer whose activation
+            is not linear, ReLU or ReLU6 (a sigmoid, a softmax) computes linearly,
+            and its activation comes after the quantised output instead
+            (`export_quantized` names it `activation_after_range`).
         fixed_point: compute as FPGA firmware does: power-of-two weight
             scales, the bias on a `bits`-bit power-of-two grid too, and
             outputs rounded half to even and saturated on the `bits`-bit
@@ -117,6 +124,8 @@ class QuantizeAware(KernelWrapper):
         output_bits: the output's bits, if not `bits` (`fix_input_output_range`).
         output_narrow_range: leave out the output grid's lowest level, so that it
             is symmetric about zero (`2**output_bits - 1` levels).
+            Neither this nor `output_bits` applies with `fixed_point=True`: the
+            output then goes on the `bits`-bit fixed-point grid.
     """
 
     def __init__(self, layer, bits=8, per_channel=True, activations=True,

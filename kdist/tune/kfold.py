@@ -258,6 +258,11 @@ class KFoldTuner(kt.Tuner):
                trial_timeout=None, **fit_kwargs):
         """Searches; under MPI with more than one rank, as `kdist.tune.search` does.
 
+        Called as `search(*fit_args, folds_per_group=1, workers_per_fold=1,
+        lost_after=60.0, trial_timeout=None, **fit_kwargs)`: `fit_args` and
+        `fit_kwargs` are those of any tuner's `search` (the data and `fit`'s
+        arguments); the options after `*fit_args` are keyword-only.
+
         `folds_per_group` fold teams share each trial's folds, each of
         `workers_per_fold` data-parallel ranks: with N ranks there are
         `(N - 1) / (folds_per_group * workers_per_fold)` groups.
