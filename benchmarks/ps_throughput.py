@@ -34,7 +34,7 @@ import numpy as np
 import kdist
 from kdist.ps import protocol, rules
 from kdist.ps.hierarchy import shard_bounds
-from kdist.ps.link import Link
+from kdist.ps.exchange import ServerExchange
 from kdist.ps.server import Server
 from kdist.ps.shared import SharedSlots
 
@@ -106,7 +106,7 @@ def combine(shards):
 
 
 def work(comm, size, updates, slots, servers):
-    link = Link(comm, list(range(servers)), size, slots)
+    link = ServerExchange(comm, list(range(servers)), size, slots)
     # The rules only read what a worker sends, so one update serves every
     # exchange and the worker does nothing but wait for the servers.
     link.message.body.fill(1e-6)

@@ -91,6 +91,7 @@ _EXPORTS = {
     "ps": "kdist.ps",
     "sparsity": "kdist.sparsity",
     "tfmot": "kdist.tfmot",
+    "tensor_parallel": "kdist.tensor_parallel",
     "tune": "kdist.tune",
 }
 

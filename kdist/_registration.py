@@ -32,7 +32,9 @@ SERIALIZABLE_MODULES = (
     "kdist.sparsity.schedules",  # the pruning schedules
     "kdist.gan.gan",  # GAN
     "kdist.distribute.sync_batch_norm",  # SyncBatchNormalization
-    "kdist.pipeline.tensor",  # the tensor-parallel layers
+    "kdist.tensor_parallel.dense",  # ColumnParallelDense, RowParallelDense
+    "kdist.tensor_parallel.einsum",  # ColumnParallelEinsumDense, RowParallelEinsumDense
+    "kdist.tensor_parallel.attention",  # TensorParallelMultiHeadAttention
 )
 
 _WATCHED = ("keras", "tensorflow")

@@ -49,6 +49,8 @@ def test_every_guide_and_reference_page_is_built(site):
     ("ps", ["kdist.ps.ParameterServerStrategy"]),
     ("sparsity", ["kdist.sparsity.prune"]),
     ("elastic", ["kdist.elastic.KerasState"]),
+    ("tensor_parallel", ["kdist.tensor_parallel.ColumnParallelDense",
+                         "kdist.tensor_parallel.TensorParallelMultiHeadAttention"]),
     ("pipeline", ["kdist.pipeline.PipelineModel", "kdist.pipeline.split",
                   "kdist.pipeline.ColumnParallelDense", "kdist.pipeline.schedule"]),
 ])

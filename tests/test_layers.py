@@ -16,10 +16,11 @@ PACKAGE = ROOT / "kdist"
 # precision's loss-scale optimizer when mixed precision is on.
 LAYERS = ["comm", "coordination", "distribute", "callbacks", "precision", "optimizers",
           "sparsity", "tfmot",
-          "ps", "gossip", "pipeline", "elastic", "gan", "tune", "cli"]
+          "ps", "gossip", "tensor_parallel", "pipeline", "elastic", "gan", "tune", "cli"]
 PUBLIC_PACKAGES = ["kdist", "kdist.callbacks", "kdist.comm", "kdist.distribute",
                    "kdist.elastic", "kdist.gan", "kdist.gossip", "kdist.optimizers",
                    "kdist.pipeline", "kdist.precision", "kdist.ps", "kdist.sparsity",
+                   "kdist.tensor_parallel",
                    "kdist.tune"]
 
 
@@ -162,11 +163,6 @@ STILL_PATCHED = {
     # strategy in plain `model.fit`; Keras offers no hook on compile.
     "kdist/ps/strategy.py": ["keras.Model.compile = compile",
                              "keras.Model.compile = original"],
-    # A distributed search's roles run in views of the user's tuner.
-    "kdist/tune/distributed.py": ["view = object.__new__(_subclass(type(tuner), mixin))",
-                                  "view.__dict__ = tuner.__dict__"],
-    # keras-tuner's OracleClient reads its address from the environment only.
-    "kdist/tune/compat.py": ["client = object.__new__(client_module.OracleClient)"],
 }
 
 
@@ -334,20 +330,7 @@ ALLOWED_PRIVATE_NAMES = {
 }
 # Temporary: private uses in modules that are to reach them through the fences next, by
 # file, with the names they use now. Each is listed with the fence function it needs.
-TEMPORARILY_ALLOWED = {
-    # _MPIExtended subclasses TensorFlow's OneDeviceExtended and overrides its private
-    # StrategyExtendedV2 hooks in place, and its replica context reads ReplicaContext's
-    # `_strategy`: for a mixin in kdist._tf_private (as kdist.tune.compat's for
-    # keras-tuner) and `one_device_extended` helpers for `_device`,
-    # `_container_strategy` and `_input_workers_with_options`.
-    "kdist/distribute/mpi_strategy.py": {
-        "_num_replicas_in_sync", "_get_local_replica_id", "_call_for_each_replica",
-        "_create_variable", "_local_results", "_reduce_to", "_batch_reduce_to",
-        "_gather_to_implementation", "_experimental_distribute_dataset",
-        "_distribute_datasets_from_function", "_experimental_distribute_values_from_function",
-        "_global_batch_size", "_container_strategy", "_input_workers_with_options", "_device",
-        "_strategy"},
-}
+TEMPORARILY_ALLOWED = {}
 ACCESSORS = {"getattr", "hasattr", "setattr", "delattr"}
 OBJECT_ACCESSORS = {"__getattribute__", "__setattr__", "__delattr__"}
 

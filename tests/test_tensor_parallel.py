@@ -8,7 +8,7 @@ import tensorflow as tf
 
 import kdist
 from kdist.comm.communicator import Communicator
-from kdist.pipeline.tensor import (
+from kdist.tensor_parallel import (
     ColumnParallelDense,
     ColumnParallelEinsumDense,
     RowParallelDense,

@@ -7,7 +7,7 @@
 - alltoall: the gradient sent back where its rows came from;
 - reducescatter: the gradient gathered from every rank's block.
 
-And the four that tensor parallelism (`kdist.pipeline.tensor`) builds on, where
+And the four that tensor parallelism (`kdist.tensor_parallel`) builds on, where
 every rank of a group computes the same loss from the same data and each holds
 a slice of some layer's weights, so an upstream gradient of a replicated tensor
 is the same on every rank and is never averaged:

@@ -4,7 +4,8 @@
   in a GPipe or 1F1B schedule, optional recomputation, data parallelism
   across pipeline replicas.
 - `split`: cuts a Sequential model into stages.
-- Tensor-parallel layers (`kdist.pipeline.tensor`): a layer's kernel split
+- Tensor-parallel layers (`kdist.tensor_parallel`, also reachable here and as
+  `kdist.pipeline.tensor`, their former home): a layer's kernel split
   across a group of ranks.
 """
 
@@ -14,11 +15,11 @@ _EXPORTS = {
     "load_whole_model_weights": "kdist.pipeline.model",
     "PipelineModel": "kdist.pipeline.model",
     "split": "kdist.pipeline.stages",
-    "TensorParallelMultiHeadAttention": "kdist.pipeline.tensor.attention",
-    "ColumnParallelDense": "kdist.pipeline.tensor.dense",
-    "RowParallelDense": "kdist.pipeline.tensor.dense",
-    "ColumnParallelEinsumDense": "kdist.pipeline.tensor.einsum",
-    "RowParallelEinsumDense": "kdist.pipeline.tensor.einsum",
+    "TensorParallelMultiHeadAttention": "kdist.tensor_parallel.attention",
+    "ColumnParallelDense": "kdist.tensor_parallel.dense",
+    "RowParallelDense": "kdist.tensor_parallel.dense",
+    "ColumnParallelEinsumDense": "kdist.tensor_parallel.einsum",
+    "RowParallelEinsumDense": "kdist.tensor_parallel.einsum",
 }
 
 __all__, __getattr__, __dir__ = _declare(__name__, _EXPORTS)

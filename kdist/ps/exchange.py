@@ -15,7 +15,7 @@ class _Whole:
         self.stop = False
 
 
-class Link:
+class ServerExchange:
     """Exchanges a flat buffer with this process's server(s).
 
     `message.body` is filled by the caller; after `exchange`, `reply.body`

@@ -17,7 +17,7 @@ One worker's exchange (t = the trainable values, `Layout.trainable_size`):
       body = the replica's values         | trainable [:t] | non-trainable [t:] |
       body[:t] -= pulled[:t]              Downpour, GEM: the update since the last
                                           pull; EASGD sends the weights themselves
-        | Link.exchange: header (kind, epoch, steps) + body, tag UP
+        | ServerExchange.exchange: header (kind, epoch, steps) + body, tag UP
         v
     server._serve: mailbox.wait_any() -> child; outbox.wait(child)
       stale = clock - pulled_at[child]    reply[child] still holds what it pulled
@@ -70,7 +70,8 @@ class Server:
         trainable_size: how many leading values the rule updates; the rest
             (e.g. batch-norm statistics) are copied from the latest child.
         rule: from `kdist.ps.rules`.
-        link: for a sub-master, its `Link` to the server above; None at the top.
+        link: for a sub-master, its `kdist.ps.exchange.ServerExchange` to the server
+            above; None at the top.
         report_every: a sub-master reports up after this many updates
             (default: one per child).
         first_epoch: the epoch a resumed run starts at.

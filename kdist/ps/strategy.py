@@ -32,7 +32,7 @@ from kdist._args import whole_number
 from kdist.comm import p2p, processes
 from kdist.ps import masks, master_optimizers, protocol, rules, shared, state
 from kdist.ps.layout import Layout
-from kdist.ps.link import Link
+from kdist.ps.exchange import ServerExchange
 from kdist.ps.server import Server
 from kdist.ps.hierarchy import shard_bounds, topology, workers
 from kdist.ps.worker import SyncCallback, WorkerSession, shard
@@ -323,7 +323,7 @@ class ParameterServerStrategy:
         if self.is_submaster:
             rule = rules.make_intermediate(self.mode, size, self.elastic_force)
             return Server(self.comm, self.children[self.rank], center, size, rule,
-                          link=Link(self.comm, self._servers_of(self.rank), layout.size,
+                          link=ServerExchange(self.comm, self._servers_of(self.rank), layout.size,
                                     self._slots),
                           first_epoch=first_epoch, slots=self._slots)
         raise ValueError(f"Rank {self.rank} is a worker; call worker_session() there.")

@@ -23,7 +23,7 @@ import keras
 import numpy as np
 
 from kdist.ps import protocol
-from kdist.ps.link import Link
+from kdist.ps.exchange import ServerExchange
 
 
 class WorkerSession:
@@ -37,7 +37,7 @@ class WorkerSession:
     def __init__(self, comm, parent, layout, sends_weights, sync_every, slots=None,
                  step_scale=1.0):
         self.layout = layout
-        self.link = Link(comm, parent, layout.size, slots)
+        self.link = ServerExchange(comm, parent, layout.size, slots)
         self.sends_weights = sends_weights
         self.sync_every = sync_every
         self.step_scale = float(step_scale)

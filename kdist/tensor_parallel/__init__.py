@@ -34,18 +34,16 @@ rank: they do with the default zeros, or when every rank seeds alike
 checkpoint that does not depend on how the model is split.
 """
 
-from kdist.pipeline.tensor._split import resolve_group
-from kdist.pipeline.tensor.attention import TensorParallelMultiHeadAttention
-from kdist.pipeline.tensor.dense import ColumnParallelDense, RowParallelDense
-from kdist.pipeline.tensor.einsum import ColumnParallelEinsumDense, RowParallelEinsumDense
+from kdist._exports import declare as _declare
 
-__all__ = [
-    "ColumnParallelDense",
-    "ColumnParallelEinsumDense",
-    "RowParallelDense",
-    "RowParallelEinsumDense",
-    "TensorParallelMultiHeadAttention",
-]
+_EXPORTS = {
+    "TensorParallelMultiHeadAttention": "kdist.tensor_parallel.attention",
+    "ColumnParallelDense": "kdist.tensor_parallel.dense",
+    "RowParallelDense": "kdist.tensor_parallel.dense",
+    "ColumnParallelEinsumDense": "kdist.tensor_parallel.einsum",
+    "RowParallelEinsumDense": "kdist.tensor_parallel.einsum",
+    # For code that builds split layers of its own.
+    "resolve_group": "kdist.tensor_parallel._split",
+}
 
-# resolve_group is public for code that builds its own split layers; not a layer itself.
-_ = resolve_group
+__all__, __getattr__, __dir__ = _declare(__name__, _EXPORTS)

@@ -9,14 +9,14 @@ from kdist import _keras_private
 from kdist.comm.differentiable import (
     copy_to_group,
 )
-from kdist.pipeline.tensor._split import (
+from kdist.tensor_parallel._split import (
     _arrays_of,
     _check_divides,
     _check_positive,
     _fresh,
     resolve_group,
 )
-from kdist.pipeline.tensor.einsum import ColumnParallelEinsumDense, RowParallelEinsumDense
+from kdist.tensor_parallel.einsum import ColumnParallelEinsumDense, RowParallelEinsumDense
 
 
 @keras.saving.register_keras_serializable(package="kdist")
@@ -55,7 +55,7 @@ class TensorParallelMultiHeadAttention(keras.layers.Layer):
     Example:
 
         >>> import numpy as np
-        >>> from kdist.pipeline.tensor import TensorParallelMultiHeadAttention
+        >>> from kdist.tensor_parallel import TensorParallelMultiHeadAttention
         >>> attention = TensorParallelMultiHeadAttention(num_heads=4, key_dim=8)
         >>> x = np.ones((2, 5, 16), "float32")
         >>> attention(x, x, use_causal_mask=True).shape

@@ -9,7 +9,7 @@ from kdist.comm.differentiable import (
     reduce_from_group,
     scatter_to_group,
 )
-from kdist.pipeline.tensor._split import (
+from kdist.tensor_parallel._split import (
     _check_divides,
     _check_positive,
     _refuse_softmax_on_a_slice,
@@ -41,7 +41,7 @@ class ColumnParallelDense(_Split):
     Example (in a world of one rank it is a `Dense`):
 
         >>> import keras, numpy as np
-        >>> from kdist.pipeline.tensor import ColumnParallelDense
+        >>> from kdist.tensor_parallel import ColumnParallelDense
         >>> dense = keras.layers.Dense(4)
         >>> x = np.ones((2, 3), "float32")
         >>> y = dense(x)
@@ -123,7 +123,7 @@ class RowParallelDense(_Split):
     Example (the Megatron MLP: one allreduce forward, one backward):
 
         >>> import keras, numpy as np
-        >>> from kdist.pipeline.tensor import ColumnParallelDense, RowParallelDense
+        >>> from kdist.tensor_parallel import ColumnParallelDense, RowParallelDense
         >>> mlp = keras.Sequential([keras.Input((8,)),
         ...                         ColumnParallelDense(32, activation="gelu"),
         ...                         RowParallelDense(8)])

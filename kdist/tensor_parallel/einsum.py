@@ -12,7 +12,7 @@ from kdist.comm.differentiable import (
     reduce_from_group,
     scatter_to_group,
 )
-from kdist.pipeline.tensor._split import (
+from kdist.tensor_parallel._split import (
     _check_divides,
     _refuse_softmax_on_a_slice,
     _Split,
@@ -184,7 +184,7 @@ class ColumnParallelEinsumDense(_SplitEinsum):
     Example (query projection of 4 heads of 8, each rank computing its heads):
 
         >>> import numpy as np
-        >>> from kdist.pipeline.tensor import ColumnParallelEinsumDense
+        >>> from kdist.tensor_parallel import ColumnParallelEinsumDense
         >>> query = ColumnParallelEinsumDense("abc,cde->abde", (None, 4, 8), split_axis="d",
         ...                                   bias_axes="de")
         >>> query(np.ones((2, 5, 16), "float32")).shape[-2:]  # heads per rank, size of each
@@ -278,7 +278,7 @@ class RowParallelEinsumDense(_SplitEinsum):
     Example (the output projection of 4 heads of 8 back to 16 features):
 
         >>> import numpy as np
-        >>> from kdist.pipeline.tensor import RowParallelEinsumDense
+        >>> from kdist.tensor_parallel import RowParallelEinsumDense
         >>> output = RowParallelEinsumDense("abcd,cde->abe", (None, 16), split_axis="c",
         ...                                 bias_axes="e", input_is_parallel=False)
         >>> output(np.ones((2, 5, 4, 8), "float32")).shape

@@ -13,7 +13,7 @@ up to its end:
 - ("reply", body, stop): what came back down, and whether it asks to stop;
 - ("step", weights): a worker's training step starts from `weights`.
 
-Only `Link.exchange` and the server's call into its rule are wrapped: the
+Only `ServerExchange.exchange` and the server's call into its rule are wrapped: the
 values recorded are the ones that really travel.
 """
 
@@ -62,11 +62,11 @@ class _RecordingRule:
 def install(directory):
     """Starts recording this rank's events into `directory`; call before fit."""
     import kdist
-    from kdist.ps import link, server
+    from kdist.ps import exchange as exchange_lib, server
 
     path = os.path.join(str(directory), f"ps-{kdist.rank()}.pkl")
     _state["file"] = open(path, "wb")
-    original_exchange = link.Link.exchange
+    original_exchange = exchange_lib.ServerExchange.exchange
     original_init = server.Server.__init__
 
     def exchange(self, kind, epoch=0, steps=0, logs=None):
@@ -83,7 +83,7 @@ def install(directory):
         original_init(self, comm, children, center, trainable_size, _RecordingRule(rule),
                       *args, **kwargs)
 
-    link.Link.exchange = exchange
+    exchange_lib.ServerExchange.exchange = exchange
     server.Server.__init__ = init
 
 

@@ -20,7 +20,7 @@ import tensorflow as tf
 import kdist
 from kdist.comm.differentiable import reduce_from_group
 from kdist.comm.process_sets import communicator_of
-from kdist.pipeline.tensor import (
+from kdist.tensor_parallel import (
     ColumnParallelDense,
     ColumnParallelEinsumDense,
     RowParallelDense,
