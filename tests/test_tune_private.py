@@ -86,39 +86,32 @@ def _tuner(tmp_path):
                 project_name="own")
 
 
-@pytest.mark.parametrize("mixin", [distributed._Leading, distributed._Following])
-def test_a_part_is_played_by_a_view_and_the_tuner_keeps_its_class(tmp_path, mixin):
+def test_a_part_stands_in_for_public_attributes_and_gives_them_back(tmp_path):
     tuner = _tuner(tmp_path)
     before, oracle = dict(vars(tuner)), tuner.oracle
-    environment = {name: value for name, value in os.environ.items()
-                   if name.startswith("KERASTUNER_")}
-    scratch = tmp_path / "scratch"
-    part = distributed._Part(None, "group0", scratch=str(scratch))
-    part.client = object()
-    view = distributed._playing(tuner, mixin, part)
-    assert isinstance(view, mixin) and isinstance(view, _Own) and type(tuner) is _Own
-    # What the search records on the view is recorded on the user's tuner.
-    view.recorded = 1
-    assert tuner.recorded == 1
-    del view.recorded
-    # The part's state stays on the view.
-    assert view._role is part and "_role" not in vars(tuner)
-    if mixin is distributed._Leading:
-        assert view.oracle is part.client and view.tuner_id == "group0"
-        assert compat.is_worker(view) and not compat.is_worker(tuner)
-        # kdist's whole-file saves, set on the tuner, save as the view: a worker's.
-        kdist.tune.storage.make_saves_whole(tuner)
-        before["save"] = tuner.save
-        view.save()
-        assert os.path.exists(compat.tuner_file(view))
-        assert not os.path.exists(compat.oracle_file(tuner.oracle))
-    else:
-        assert compat.checkpoint_path(view, "7") == str(scratch / "trial_7.weights.h5")
+    stand_in = object()
+    with pytest.raises(RuntimeError, match="the search failed"):
+        with distributed._standing_in(tuner, oracle=stand_in, tuner_id="group0",
+                                      directory=str(tmp_path / "scratch")):
+            assert tuner.oracle is stand_in and tuner.tuner_id == "group0"
+            # A follower's checkpoints land in its own directory.
+            assert compat.checkpoint_path(tuner, "7").startswith(str(tmp_path / "scratch"))
+            raise RuntimeError("the search failed")
     assert vars(tuner) == before and tuner.oracle is oracle and tuner.tuner_id == "tuner0"
-    assert {name: value for name, value in os.environ.items()
-            if name.startswith("KERASTUNER_")} == environment
-    # The same class is reused, not made again for every search.
-    assert distributed._subclass(_Own, mixin) is distributed._subclass(_Own, mixin)
+    assert type(tuner) is _Own
+
+
+def test_a_leaders_oracle_leaves_the_oracles_files_to_rank_0(tmp_path):
+    tuner = _tuner(tmp_path)
+    kdist.tune.storage.make_saves_whole(tuner)
+    leader = distributed._LeaderOracle(client=tuner.oracle, roles=None, tuner_id="group0",
+                                       lost_after=30)
+    assert leader.objective == tuner.oracle.objective  # asked of the service's client
+    with distributed._standing_in(tuner, oracle=leader, tuner_id="group0"):
+        tuner.save()
+        assert os.path.exists(compat.tuner_file(tuner))  # this group's own state
+    assert not os.path.exists(compat.oracle_file(tuner.oracle))
+    assert leader.finish_trial(None) is None  # no trial in hand: nothing to gather
 
 
 def test_a_distributed_search_leaves_nothing_on_the_tuner_even_when_it_fails(mpirun, tmp_path):
@@ -133,21 +126,17 @@ def test_a_distributed_search_leaves_nothing_on_the_tuner_even_when_it_fails(mpi
     assert job.rank(1)["failed"] == "FatalError: the search stops here"
 
 
-def test_the_oracle_client_is_keras_tuners_own_built_without_the_environment(monkeypatch):
+def test_the_oracle_client_is_keras_tuners_own_and_leaves_no_environment(monkeypatch):
     from keras_tuner.src.distribute import oracle_client
 
     oracle = kt.oracles.RandomSearchOracle(kt.Objective("loss", "min"), max_trials=1)
-    # keras-tuner's constructor, from its environment (gRPC channels connect lazily).
-    monkeypatch.setenv("KERASTUNER_ORACLE_IP", "127.0.0.1")
-    monkeypatch.setenv("KERASTUNER_ORACLE_PORT", "1")
-    monkeypatch.setenv("KERASTUNER_TUNER_ID", "group0")
-    theirs = oracle_client.OracleClient(oracle)
     for name in ("KERASTUNER_ORACLE_IP", "KERASTUNER_ORACLE_PORT", "KERASTUNER_TUNER_ID"):
-        monkeypatch.delenv(name)
-    ours = compat.oracle_client(oracle, ("127.0.0.1", 1), "group0")
-    assert type(ours) is type(theirs) and set(vars(ours)) == set(vars(theirs))
-    assert ours.tuner_id == theirs.tuner_id == "group0" and ours.objective == oracle.objective
-    assert (ours.multi_worker, ours.should_report) == (theirs.multi_worker, theirs.should_report)
+        monkeypatch.delenv(name, raising=False)
+    # gRPC channels connect lazily: no service needs to listen.
+    client = compat.oracle_client(oracle, ("127.0.0.1", 1), "group0")
+    assert type(client) is oracle_client.OracleClient
+    assert client.tuner_id == "group0" and client.objective == oracle.objective
+    assert not [name for name in os.environ if name.startswith("KERASTUNER_")]
 
 
 def test_a_search_with_keras_tuners_own_variables_set_is_refused(monkeypatch):

@@ -15,6 +15,8 @@ keras-tuner's public API.
 """
 
 import numbers
+import os
+import threading
 import warnings
 import zlib
 
@@ -211,31 +213,6 @@ def is_worker(tuner):
     return tuner._is_worker()
 
 
-class CheckpointsThrough:
-    """Tuner mixin: a trial's checkpoint path is `self.checkpoint_file(trial_id)`.
-
-    Relies on `Tuner._get_checkpoint_fname`, where `Tuner.run_trial`'s
-    best-epoch checkpoint, `load_model` and Hyperband's resumed trials find
-    the file; the class using this mixin defines `checkpoint_file`.
-    """
-
-    def _get_checkpoint_fname(self, trial_id):
-        return self.checkpoint_file(trial_id)
-
-
-class WorkerTuner:
-    """Tuner mixin: the tuner is a worker of a distributed search, which
-    leaves the oracle's files to the process that serves the oracle.
-
-    Relies on `BaseTuner._is_worker`, which `save` and `reload` consult;
-    keras-tuner's own answer comes from the `KERASTUNER_*` environment
-    variables, which kdist does not set.
-    """
-
-    def _is_worker(self):
-        return True
-
-
 # The distributed oracle service.
 
 def serve_oracle(oracle, server):
@@ -252,30 +229,37 @@ def serve_oracle(oracle, server):
         oracle_chief.OracleServicer(oracle), server)
 
 
+# Held while keras-tuner's client reads its settings from the environment.
+_ENVIRONMENT_LOCK = threading.Lock()
+
+
 def oracle_client(oracle, address, tuner_id):
     """keras-tuner's client of the oracle service at `address` (host, port),
     asking for trials as `tuner_id`, with `oracle` answering the few questions
     the client does not send (its objective, for one).
 
-    keras-tuner's own constructor reads the address and the id from the
-    `KERASTUNER_*` environment variables; this one takes them as arguments,
-    so that a search sets nothing in `os.environ`.
+    keras-tuner's constructor reads the address and the id from the
+    `KERASTUNER_*` environment variables only. They are set for the moment it
+    runs and taken away at once, under a lock, so that the search leaves
+    nothing in `os.environ` (keras-tuner's tuners read them when built).
 
-    Relies on `keras_tuner.src.distribute.oracle_client.OracleClient` and the
-    attributes its methods use: `_oracle`, `stub`, `tuner_id`,
-    `multi_worker` and `should_report`.
+    Relies on `keras_tuner.src.distribute.oracle_client.OracleClient`.
     """
-    import grpc
-    from keras_tuner.src import protos
     from keras_tuner.src.distribute import oracle_client as client_module
 
-    client = object.__new__(client_module.OracleClient)
-    client._oracle = oracle
-    channel = grpc.insecure_channel(f"{address[0]}:{address[1]}")
-    client.stub = protos.get_service_grpc().OracleStub(channel)
-    client.tuner_id = tuner_id
-    client.multi_worker, client.should_report = False, True
-    return client
+    values = {"KERASTUNER_ORACLE_IP": str(address[0]),
+              "KERASTUNER_ORACLE_PORT": str(address[1]), "KERASTUNER_TUNER_ID": tuner_id}
+    with _ENVIRONMENT_LOCK:
+        before = {name: os.environ.get(name) for name in values}
+        os.environ.update(values)
+        try:
+            return client_module.OracleClient(oracle)
+        finally:
+            for name, value in before.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
 
 
 def ask_for_trial(client, trial_id, timeout):

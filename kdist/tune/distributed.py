@@ -41,14 +41,17 @@ inside a group and to rank 0)::
     rank 0, once every group is done or given up on:
        FINISHED (MPI) --> every rank, which then reloads the finished search
 
-The leader's and followers' parts are played by views of the tuner: objects
-of subclasses of the tuner's own class (`run_trial` wrapped, the oracle client
-put in front of the oracle, followers' checkpoints kept apart) that share the
-tuner's attributes. The tuner's class and the environment stay as they were.
+The leader's part goes through keras-tuner's own seam, the tuner's `oracle`:
+while the search runs, the leader's tuner holds a `_LeaderOracle` (rank 0's
+oracle through the service, with the group told each trial and heard from
+before the trial's end is reported) and the group's `tuner_id`. A follower's
+tuner runs `run_trial` with its `directory` pointed at a scratch directory, so
+that its checkpoints never meet the leader's. Both are given back when the
+search ends, however it ends; the tuner's class and the environment are never
+changed.
 """
 
 import contextlib
-import functools
 import logging
 import os
 import socket
@@ -95,6 +98,7 @@ class Roles:
         self.worker = local % self.workers_per_fold
         self.is_leader = not self.is_master and local == 0
         self.group_comm = comm.split(self.group + 1)
+        self.project_dir = None  # the tuner's project folder, which every rank shares
         self.team_comm = comm.split(0 if self.is_master else
                                     1 + self.group * self.folds_per_group + self.fold_team)
         self.leaders = [1 + g * per_group for g in range(self.groups)]
@@ -183,6 +187,8 @@ def search(tuner, *fit_args, folds_per_group=1, workers_per_fold=1, comm=None,
     if folds_per_group > 1 and not getattr(tuner, "trains_folds", False):
         raise ValueError("folds_per_group > 1 needs a kdist.tune.KFoldTuner.")
     roles = Roles(comm, folds_per_group, workers_per_fold)
+    # The folder every rank shares, read by a follower whose own directory is scratch.
+    roles.project_dir = tuner.project_dir
     storage.make_saves_whole(tuner)
     storage.order_trials(tuner.oracle)  # a resumed search reloaded them in listing order
     if getattr(tuner, "trains_folds", False) and roles.folds_per_group > tuner.folds:
@@ -413,90 +419,113 @@ def _beating(client, tuner_id, trial_id, lost_after):
     return _every(interval, beat, f"kdist-beat-{tuner_id}")
 
 
-class _Part:
-    """What this rank's part of the running search needs (one search per process)."""
+class _LeaderOracle:
+    """A group leader's tuner's oracle while the search runs: rank 0's oracle, reached
+    through keras-tuner's service, with the group's part played around it.
 
-    def __init__(self, roles, tuner_id=None, lost_after=None, scratch=None):
-        self.roles, self.tuner_id, self.lost_after = roles, tuner_id, lost_after
-        self.scratch = scratch  # a follower's own checkpoint directory
-        self.client = None  # a leader's _PatientClient
+    keras-tuner's seam for a distributed search is the tuner's `oracle`: the
+    leader's tuner runs its own `search` with this in its place. Each trial it
+    hands out is also sent to the group's other ranks, a heartbeat goes to the
+    oracle while the trial runs, and before the trial's end is reported every
+    rank of the group says how its run went. The oracle's files are rank 0's,
+    so `save` writes nothing here.
+    """
 
+    def __init__(self, client, roles, tuner_id, lost_after):
+        self._client, self._roles = client, roles
+        self._tuner_id, self._lost_after = tuner_id, lost_after
+        self._running = None  # (trial id, the heartbeat's context) of the trial in hand
 
-_subclasses = {}
+    def __getattr__(self, name):
+        return getattr(self._client, name)
 
-
-class _Leading(compat.WorkerTuner):
-    """A group leader's tuner: asks rank 0's oracle service for trials, hands
-    each to its group and sends heartbeats while the group trains it; the
-    oracle's files are rank 0's."""
-
-    @property
-    def oracle(self):
-        return self._role.client
-
-    @property
-    def tuner_id(self):
-        return self._role.tuner_id
-
-    @property
     def save(self):
-        # The tuner's own `save` (kdist's whole-file one, set on the tuner by
-        # `storage.make_saves_whole`) is bound to the tuner, which is no worker;
-        # a property outranks it, so that this role's saves leave the oracle's
-        # file to rank 0 and write this group's tuner state.
-        return functools.partial(storage.save_tuner, self)
+        pass
 
-    def run_trial(self, trial, *args, **kwargs):
-        roles = self._role.roles
+    def reload(self):
+        pass
+
+    def create_trial(self, tuner_id):
+        trial = self._client.create_trial(tuner_id)
+        if trial.status == kt.engine.trial.TrialStatus.RUNNING:
+            self._guard(lambda: _tell_group(self._roles, ("trial", trial.get_state())),
+                        trial.trial_id)
+            beating = _beating(self._client, self._tuner_id, trial.trial_id, self._lost_after)
+            beating.__enter__()
+            self._running = (trial.trial_id, beating)
+        return trial
+
+    def end_trial(self, trial):
+        failed = self.finish_trial(trial.message if trial.status in (
+            kt.engine.trial.TrialStatus.FAILED, kt.engine.trial.TrialStatus.INVALID) else None)
+        if failed and trial.status not in (kt.engine.trial.TrialStatus.FAILED,
+                                           kt.engine.trial.TrialStatus.INVALID):
+            # As keras-tuner marks a trial whose run raised: another try may do better.
+            trial.status = kt.engine.trial.TrialStatus.INVALID
+            trial.message = failed
+        return self._client.end_trial(trial)
+
+    def finish_trial(self, error):
+        """Gathers every rank's outcome of the trial in hand (this rank's: `error`, a
+        message or None) and stops its heartbeat. Returns the first other rank's failure,
+        as a message, or None. Nothing to do without a trial in hand."""
+        if self._running is None:
+            return None
+        trial_id, beating = self._running
+        self._running = None
         try:
-            _tell_group(roles, ("trial", trial.get_state()))
-            with _beating(self._role.client, self._role.tuner_id, trial.trial_id,
-                          self._role.lost_after):
-                return _run_together(roles, self, super().run_trial, trial, args, kwargs)
+            outcomes = self._guard(lambda: self._roles.group_comm.allgather_object(error),
+                                   trial_id)
+        finally:
+            beating.__exit__(None, None, None)
+        failed = [(rank, message) for rank, message in enumerate(outcomes) if message]
+        if failed:
+            rank, message = failed[0]
+            # keras-tuner's service does not carry a trial's message to the oracle.
+            logger.warning("trial %s failed on rank %d of group %d: %s", trial_id, rank,
+                           self._roles.group, message)
+            if rank != 0:
+                return (f"Trial {trial_id} failed on rank {rank} of group "
+                        f"{self._roles.group}: {message}")
+        return None
+
+    def _guard(self, action, trial_id):
+        try:
+            return action()
         except Exception as error:
             if _lost_a_rank(error):
-                raise _GroupBroken(f"group {roles.group} lost a rank during trial "
-                                   f"{trial.trial_id}: {error}") from error
+                raise _GroupBroken(f"group {self._roles.group} lost a rank during trial "
+                                   f"{trial_id}: {error}") from error
             raise
 
 
-class _Following(compat.CheckpointsThrough):
-    """A follower's tuner: its checkpoints go to a directory of its own, so
-    that two ranks never write one file (the leader's copy is the trial's)."""
-
-    def checkpoint_file(self, trial_id):
-        return os.path.join(self._role.scratch, f"trial_{trial_id}.weights.h5")
-
-
-def _subclass(cls, part):
-    """`cls` playing `part` (a mixin placed first, so that its methods wrap the
-    tuner's own, user overrides included); made once per class. The part's
-    state is a slot of the view, never one of the tuner's shared attributes."""
-    key = (part, cls)
-    if key not in _subclasses:
-        _subclasses[key] = type(f"{cls.__name__}{part.__name__}", (part, cls),
-                                {"__module__": cls.__module__, "__slots__": ("_role",)})
-    return _subclasses[key]
-
-
-def _playing(tuner, mixin, part):
-    """A view of `tuner` playing `part`: an object of its class's `mixin`
-    subclass that shares the tuner's attributes (the same `__dict__`), so that
-    what the search records (trials, best models, the oracle's state) is on
-    the user's tuner, whose own class is never changed."""
-    view = object.__new__(_subclass(type(tuner), mixin))
-    view.__dict__ = tuner.__dict__
-    view._role = part
-    return view
+@contextlib.contextmanager
+def _standing_in(tuner, **values):
+    """Sets public attributes of `tuner` (its `oracle`, `tuner_id`, `directory`) while
+    the block runs, and gives the old values back afterwards, however it ends."""
+    before = {name: getattr(tuner, name) for name in values}
+    for name, value in values.items():
+        setattr(tuner, name, value)
+    try:
+        yield tuner
+    finally:
+        for name, value in before.items():
+            setattr(tuner, name, value)
 
 
 def _lead(tuner, roles, address, lost_after, fit_args, fit_kwargs):
     tuner_id = f"group{roles.group}"
-    oracle = tuner.oracle
+    oracle = _LeaderOracle(_PatientClient(tuner.oracle, roles.comm, address, tuner_id),
+                           roles, tuner_id, lost_after)
     try:
-        part = _Part(roles, tuner_id, lost_after)
-        part.client = _PatientClient(oracle, roles.comm, address, tuner_id)
-        _playing(tuner, _Leading, part).search(*fit_args, **fit_kwargs)
+        with _standing_in(tuner, oracle=oracle, tuner_id=tuner_id):
+            try:
+                tuner.search(*fit_args, **_with_team_start(roles, tuner, fit_kwargs))
+            except BaseException as error:
+                # The search stopped with a trial in hand: the group still hears how
+                # this rank's run went, before it hears to stop.
+                oracle.finish_trial(f"{type(error).__name__}: {error}")
+                raise
     except _GroupBroken as error:
         # The oracle hears of it by this group's end while it holds a trial.
         logger.warning("%s; the group leaves the search, and its trial goes to another "
@@ -562,20 +591,22 @@ def _follow(tuner, roles, fit_args, fit_kwargs):
     import shutil
     import tempfile
 
+    # A follower's checkpoints go to a directory of its own, so that two ranks never
+    # write one file (the leader's copy is the trial's).
     scratch = tempfile.mkdtemp(prefix="kdist-tune-")
     try:
-        view = _playing(tuner, _Following, _Part(roles, scratch=scratch))
-        while True:
-            # Polled, not a collective: the leader may wait long for the oracle.
-            found, message = p2p.try_recv_object(roles.group_comm, 0, TRIAL_TAG)
-            if not found:
-                time.sleep(0.05)
-                continue
-            kind, state = message
-            if kind == "stop":
-                return
-            trial = kt.engine.trial.Trial.from_state(state)
-            _run_together(roles, view, view.run_trial, trial, fit_args, fit_kwargs)
+        with _standing_in(tuner, directory=scratch):
+            while True:
+                # Polled, not a collective: the leader may wait long for the oracle.
+                found, message = p2p.try_recv_object(roles.group_comm, 0, TRIAL_TAG)
+                if not found:
+                    time.sleep(0.05)
+                    continue
+                kind, state = message
+                if kind == "stop":
+                    return
+                _run_with_the_group(roles, tuner, kt.engine.trial.Trial.from_state(state),
+                                    fit_args, fit_kwargs)
     except Exception as error:
         if not _lost_a_rank(error):
             raise
@@ -585,26 +616,11 @@ def _follow(tuner, roles, fit_args, fit_kwargs):
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _run_together(roles, tuner, run_trial, trial, args, kwargs):
-    """Runs the trial here, then lets every rank of the group know how it went."""
-    result, error = None, None
+def _run_with_the_group(roles, tuner, trial, args, kwargs):
+    """Runs the trial on this follower, then tells the group's leader how it went."""
+    error = None
     try:
-        result = run_trial(trial, *args, **_with_team_start(roles, tuner, kwargs))
+        tuner.run_trial(trial, *args, **_with_team_start(roles, tuner, kwargs))
     except Exception as caught:  # reported to the oracle by the group's leader
-        error = caught
-    outcomes = roles.group_comm.allgather_object(
-        None if error is None else f"{type(error).__name__}: {error}")
-    failed = [(rank, message) for rank, message in enumerate(outcomes) if message]
-    if failed and roles.is_leader:
-        # keras-tuner's service does not carry a trial's message to the oracle.
-        logger.warning("trial %s failed on rank %d of group %d: %s", trial.trial_id,
-                       failed[0][0], roles.group, failed[0][1])
-    if not roles.is_leader:
-        return None  # the leader reports the trial, failed or not
-    if error is not None:
-        raise error
-    if failed:
-        rank, message = failed[0]
-        raise RuntimeError(f"Trial {trial.trial_id} failed on rank {rank} of group "
-                           f"{roles.group}: {message}")
-    return result
+        error = f"{type(caught).__name__}: {caught}"
+    roles.group_comm.allgather_object(error)

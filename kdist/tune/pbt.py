@@ -10,7 +10,7 @@ import keras_tuner as kt
 import numpy as np
 
 from kdist import _files
-from kdist.tune import compat
+from kdist.tune import compat, distributed
 from kdist.tune.population import PBTOracle
 
 
@@ -153,7 +153,15 @@ class PBT(kt.Tuner):
         return model
 
     def _round_checkpoint(self, trial_id):
-        return os.path.join(self.get_trial_dir(trial_id), "checkpoint.weights.h5")
+        """Where the round `trial_id` left its member: the copy its group's leader wrote
+        in the project folder every rank shares (a follower of a distributed search
+        runs its trials with its own directory pointed at scratch)."""
+        trial_dir = self.get_trial_dir(trial_id)
+        roles = distributed.current_roles()
+        shared = getattr(roles, "project_dir", None)
+        if shared is not None:
+            trial_dir = os.path.join(shared, os.path.relpath(trial_dir, self.project_dir))
+        return os.path.join(trial_dir, "checkpoint.weights.h5")
 
     def learned_schedule(self, trial_id=None):
         """`PBTOracle.learned_schedule`: the best trial's by default."""
