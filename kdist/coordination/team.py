@@ -98,9 +98,12 @@ def under_agreement(model):
 
 def advise_on_saving(core):
     """Once per job, on rank 1: says how to save once when ranks other than 0 save a model
-    they train together without the agreement (which would tell them who writes)."""
+    that the whole job trains together without the agreement (which would tell them who
+    writes). A model of a smaller team (a search's trial, a process set) is left alone:
+    such teams' ranks keep files apart themselves."""
     comm = getattr(core, "comm", None)
-    if _advised or comm is None or comm.size < 2 or comm.rank != 1 or core in _agreed:
+    if _advised or comm is None or comm.size < 2 or comm.rank != 1 or core in _agreed \
+            or comm.size != processes.size():
         return
     _advised.append(True)
     logger.warning(
