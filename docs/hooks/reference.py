@@ -36,19 +36,30 @@ def reference(package, exports):
                    key=lambda name: (name.lower(), name))
     elsewhere = []
     for name in names:
-        home = _documenting_package(exports[name])
+        module = defining_module(exports[name], name)
+        home = _documenting_package(module)
         if home not in (None, package):
             elsewhere.append(f"- [](){{#{package}.{name}}}`{package}.{name}`: "
-                             f"[`{home}.{name}`][{exports[name]}.{name}]")
+                             f"[`{home}.{name}`][{module}.{name}]")
             continue
         # The anchor users link to is the name they write; the entry's own is its home.
         lines += [f"[](){{#{package}.{name}}}", "",
-                  f"::: {exports[name]}.{name}", "    options:",
+                  f"::: {module}.{name}", "    options:",
                   f"      heading: \"{package}.{name}\"", f"      toc_label: \"{name}\"",
                   "      heading_level: 2", "      show_root_heading: true", ""]
     if elsewhere:
         lines += ["## Documented with their packages", ""] + elsewhere + [""]
     return lines
+
+
+def defining_module(source, name):
+    """The module that defines `name`, following packages that export it from another
+    (`kdist` takes `allreduce` from `kdist.comm`, which takes it from its collectives)."""
+    while True:
+        exports = declared_exports(source)
+        if exports is None or exports.get(name) in (None, source):
+            return source
+        source = exports[name]
 
 
 def _documenting_package(module):

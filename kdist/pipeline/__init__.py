@@ -15,11 +15,11 @@ _EXPORTS = {
     "load_whole_model_weights": "kdist.pipeline.model",
     "PipelineModel": "kdist.pipeline.model",
     "split": "kdist.pipeline.stages",
-    "TensorParallelMultiHeadAttention": "kdist.tensor_parallel.attention",
-    "ColumnParallelDense": "kdist.tensor_parallel.dense",
-    "RowParallelDense": "kdist.tensor_parallel.dense",
-    "ColumnParallelEinsumDense": "kdist.tensor_parallel.einsum",
-    "RowParallelEinsumDense": "kdist.tensor_parallel.einsum",
+    "TensorParallelMultiHeadAttention": "kdist.tensor_parallel",
+    "ColumnParallelDense": "kdist.tensor_parallel",
+    "RowParallelDense": "kdist.tensor_parallel",
+    "ColumnParallelEinsumDense": "kdist.tensor_parallel",
+    "RowParallelEinsumDense": "kdist.tensor_parallel",
 }
 
 __all__, __getattr__, __dir__ = _declare(__name__, _EXPORTS)
