@@ -67,3 +67,17 @@ def digits_dataset(shuffle_seed, batch=32):
         (tf.cast(digits.images[..., tf.newaxis] / 16.0, tf.float32),
          tf.cast(digits.target, tf.int64)))
     return dataset.repeat().shuffle(1000, seed=shuffle_seed).batch(batch), digits
+
+
+def digits_cnn(dropout=None):
+    """The small CNN of Horovod's MNIST examples, for 8x8 digits, without an `Input`:
+    Keras builds it in its first step, as those examples' models are built."""
+    import tensorflow as tf
+
+    layers = [tf.keras.layers.Conv2D(8, [3, 3], activation="relu"),
+              tf.keras.layers.MaxPooling2D(pool_size=(2, 2))]
+    if dropout is not None:
+        layers.append(tf.keras.layers.Dropout(dropout))
+    layers += [tf.keras.layers.Flatten(), tf.keras.layers.Dense(32, activation="relu"),
+               tf.keras.layers.Dense(10, activation="softmax")]
+    return tf.keras.Sequential(layers)

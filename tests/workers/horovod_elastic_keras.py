@@ -15,7 +15,7 @@ import numpy as np
 import tensorflow as tf
 
 import kdist as hvd  # was: import horovod.tensorflow.keras as hvd
-from common import digits_dataset, flat_weights, report
+from common import digits_cnn, digits_dataset, flat_weights, report
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--steps", type=int, default=24)
@@ -27,14 +27,7 @@ hvd.init()
 dataset, digits = digits_dataset(shuffle_seed=hvd.rank())
 
 # No seed: each rank starts from weights of its own, as in the example.
-model = tf.keras.Sequential([
-    tf.keras.layers.Conv2D(8, [3, 3], activation="relu"),
-    tf.keras.layers.MaxPooling2D(pool_size=(2, 2)),
-    tf.keras.layers.Dropout(0.25),
-    tf.keras.layers.Flatten(),
-    tf.keras.layers.Dense(32, activation="relu"),
-    tf.keras.layers.Dense(10, activation="softmax"),
-])
+model = digits_cnn(dropout=0.25)
 
 scaled_lr = 0.001 * hvd.size()
 opt = hvd.DistributedOptimizer(tf.optimizers.Adam(scaled_lr), backward_passes_per_step=1,

@@ -17,7 +17,7 @@ import numpy as np
 import tensorflow as tf
 
 import kdist as hvd  # was: import horovod.tensorflow as hvd
-from common import digits_dataset, flat_weights, report
+from common import digits_cnn, digits_dataset, flat_weights, report
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--lose-rank", type=int, default=-1)
@@ -28,13 +28,7 @@ args = parser.parse_args()
 hvd.init()
 dataset, digits = digits_dataset(shuffle_seed=hvd.rank())
 
-model = tf.keras.Sequential([
-    tf.keras.layers.Conv2D(8, [3, 3], activation="relu"),
-    tf.keras.layers.MaxPooling2D(pool_size=(2, 2)),
-    tf.keras.layers.Flatten(),
-    tf.keras.layers.Dense(32, activation="relu"),
-    tf.keras.layers.Dense(10, activation="softmax"),
-])
+model = digits_cnn()
 loss = tf.losses.SparseCategoricalCrossentropy()
 lr = 0.001
 opt = tf.optimizers.Adam(lr * hvd.size())

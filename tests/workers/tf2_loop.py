@@ -13,7 +13,7 @@ import numpy as np
 import tensorflow as tf
 
 import kdist as hvd
-from common import report
+from common import digits_cnn, report
 
 jit = sys.argv[1] == "xla"
 hvd.init()
@@ -27,13 +27,7 @@ labels = digits.target.astype("int64")
 dataset = tf.data.Dataset.from_tensor_slices((images, labels))
 dataset = dataset.shard(hvd.size(), hvd.rank()).repeat().shuffle(500, seed=hvd.rank()).batch(32)
 
-model = tf.keras.Sequential([  # no Input: built in the first step
-    tf.keras.layers.Conv2D(8, [3, 3], activation="relu"),
-    tf.keras.layers.MaxPooling2D(pool_size=(2, 2)),
-    tf.keras.layers.Flatten(),
-    tf.keras.layers.Dense(32, activation="relu"),
-    tf.keras.layers.Dense(10, activation="softmax"),
-])
+model = digits_cnn()  # no Input: built in the first step
 loss = tf.losses.SparseCategoricalCrossentropy()
 opt = tf.optimizers.Adam(0.002 * hvd.size())
 
