@@ -1,5 +1,6 @@
 """Ranks of a data-parallel fit agree at each epoch's end: global metrics, one stop, no drift."""
 
+import logging
 import time
 
 import keras
@@ -118,3 +119,34 @@ def test_a_rank_whose_fit_stops_alone_ends_the_job_naming_its_callback(mpi_job):
     # The hand-built agreement without log averaging compared EarlyStopping's inputs.
     assert "EarlyStopping monitors 'val_loss', whose value differs across the ranks after " \
            "epoch 1" in job.output, job.output[-3000:]
+
+
+def test_rank_1_of_a_job_saving_without_the_agreement_is_advised_once(monkeypatch, caplog):
+    from types import SimpleNamespace
+
+    from kdist.coordination import team
+
+    monkeypatch.setattr(team.processes, "size", lambda: 2)
+    monkeypatch.setattr(team, "_advised", False)
+    rank = {0: SimpleNamespace(comm=SimpleNamespace(size=2, rank=0)),
+            1: SimpleNamespace(comm=SimpleNamespace(size=2, rank=1))}
+    # Directly on the logger (kdist's own logging set-up may stop it propagating), and
+    # only there, so that each record is seen once.
+    logger = logging.getLogger("kdist.coordination.team")
+    propagates, logger.propagate = logger.propagate, False
+    logger.addHandler(caplog.handler)
+    try:
+        team.advise_on_saving(rank[0])  # rank 0 is the one that should save
+        assert not caplog.records
+        team.advise_on_saving(rank[1])
+        team.advise_on_saving(rank[1])
+        assert len(caplog.records) == 1 and "rank 1 saves a model" in caplog.text
+        # A team smaller than the job (a search's trial) keeps its files apart itself.
+        monkeypatch.setattr(team, "_advised", False)
+        monkeypatch.setattr(team.processes, "size", lambda: 5)
+        caplog.clear()
+        team.advise_on_saving(rank[1])
+        assert not caplog.records
+    finally:
+        logger.removeHandler(caplog.handler)
+        logger.propagate = propagates

@@ -19,7 +19,7 @@ logger = logging.getLogger(__name__)
 _independent = weakref.WeakSet()
 # kdist optimizers whose fit runs under kdist.callbacks.Agreement (it says who saves).
 _agreed = weakref.WeakSet()
-_advised = []
+_advised = False  # the advice on saving is given once per process
 
 
 def optimizers_of(model):
@@ -101,11 +101,12 @@ def advise_on_saving(core):
     that the whole job trains together without the agreement (which would tell them who
     writes). A model of a smaller team (a search's trial, a process set) is left alone:
     such teams' ranks keep files apart themselves."""
+    global _advised
     comm = getattr(core, "comm", None)
     if _advised or comm is None or comm.size < 2 or comm.rank != 1 or core in _agreed \
             or comm.size != processes.size():
         return
-    _advised.append(True)
+    _advised = True
     logger.warning(
         "kdist: rank 1 saves a model that %d ranks train together. If every rank saves to "
         "the same path, the ranks write one file at once and can leave it broken: save on "

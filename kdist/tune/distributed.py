@@ -456,10 +456,10 @@ class _LeaderOracle:
         return trial
 
     def end_trial(self, trial):
-        failed = self.finish_trial(trial.message if trial.status in (
-            kt.engine.trial.TrialStatus.FAILED, kt.engine.trial.TrialStatus.INVALID) else None)
-        if failed and trial.status not in (kt.engine.trial.TrialStatus.FAILED,
-                                           kt.engine.trial.TrialStatus.INVALID):
+        unsuccessful = trial.status in (kt.engine.trial.TrialStatus.FAILED,
+                                        kt.engine.trial.TrialStatus.INVALID)
+        failed = self.finish_trial(trial.message if unsuccessful else None)
+        if failed and not unsuccessful:
             # As keras-tuner marks a trial whose run raised: another try may do better.
             trial.status = kt.engine.trial.TrialStatus.INVALID
             trial.message = failed
