@@ -157,7 +157,12 @@ def main():
         _summary(trips, "ns") if trips else "no C compiler, or fewer than 2 cores")
     argv, env = mpiexec_command(2, [sys.executable, os.path.abspath(__file__), "--ranks-mode",
                                     "--seconds", str(args.seconds)])
-    out = subprocess.run(argv, env=env, capture_output=True, text=True, check=True).stdout
+    done = subprocess.run(argv, env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        # The launcher's own words, which a bare CalledProcessError would drop.
+        sys.exit(f"the 2-rank allreduce run failed with exit status {done.returncode}:\n"
+                 f"{done.stderr[-3000:]}")
+    out = done.stdout
     line = next(line for line in out.splitlines() if line.startswith("WINDOWS "))
     result["allreduce_ms"] = _summary(json.loads(line[len("WINDOWS "):]), "ms")
     print(json.dumps(result, indent=1))
