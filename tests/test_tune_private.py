@@ -103,7 +103,6 @@ def test_a_part_stands_in_for_public_attributes_and_gives_them_back(tmp_path):
 
 def test_a_leaders_oracle_leaves_the_oracles_files_to_rank_0(tmp_path):
     tuner = _tuner(tmp_path)
-    kdist.tune.storage.make_saves_whole(tuner)
     leader = distributed._LeaderOracle(client=tuner.oracle, roles=None, tuner_id="group0",
                                        lost_after=30)
     assert leader.objective == tuner.oracle.objective  # asked of the service's client
@@ -119,8 +118,10 @@ def test_a_distributed_search_leaves_nothing_on_the_tuner_even_when_it_fails(mpi
     for rank in range(3):
         report = job.rank(rank)
         assert report["class"] == "Own", report
-        for name in ("run_trial", "_get_checkpoint_fname", "tuner_id"):
+        for name in ("run_trial", "_get_checkpoint_fname", "tuner_id", "save"):
             assert name not in report["added"], report
+        for name in ("save", "_save_trial"):
+            assert name not in report["added_to_oracle"], report
         assert report["same_oracle"] and report["hypermodel_fit"] is False, report
         assert report["environment"] == {}, report
     assert job.rank(1)["failed"] == "FatalError: the search stops here"

@@ -145,15 +145,6 @@ class SavesTrialsThrough:
         self.write_trial(trial)
 
 
-def route_trial_saves(oracle, write_trial):
-    """Makes an existing oracle save each trial with `write_trial(trial)`, in place.
-
-    For oracles whose class kdist does not control. Relies on
-    `Oracle._save_trial`, shadowed on the instance.
-    """
-    oracle._save_trial = write_trial
-
-
 class ComparesValues:
     """Oracle mixin: two trials are duplicates when `self.compared_values(values)` match.
 

@@ -189,7 +189,6 @@ def search(tuner, *fit_args, folds_per_group=1, workers_per_fold=1, comm=None,
     roles = Roles(comm, folds_per_group, workers_per_fold)
     # The folder every rank shares, read by a follower whose own directory is scratch.
     roles.project_dir = tuner.project_dir
-    storage.make_saves_whole(tuner)
     storage.order_trials(tuner.oracle)  # a resumed search reloaded them in listing order
     if getattr(tuner, "trains_folds", False) and roles.folds_per_group > tuner.folds:
         raise ValueError(f"folds_per_group ({roles.folds_per_group}) exceeds the tuner's "

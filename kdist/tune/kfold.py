@@ -69,7 +69,7 @@ def _take(data, index):
     return np.asarray(data)[index]
 
 
-class KFoldTuner(kt.Tuner):
+class KFoldTuner(storage.WholeTunerSaves, kt.Tuner):
     """Scores each trial by K-fold cross-validation.
 
     For every trial the training set is split in `folds` folds (stratified
@@ -132,7 +132,6 @@ class KFoldTuner(kt.Tuner):
             kwargs["overwrite"] = distributed.clear_project(
                 kwargs.get("directory") or ".", kwargs.get("project_name") or "untitled_project")
         super().__init__(hypermodel=hypermodel, oracle=oracle, **kwargs)
-        storage.make_saves_whole(self)
         storage.order_trials(self.oracle)
         self.folds = int(folds)
         self.stratified = stratified

@@ -12,9 +12,11 @@ puts them back in the order they were created, so every process (and a
 resumed search) names the same best trial. And its last save lists the last
 finished trial as running, so a reloaded search would train it again;
 `forget_finished_retries` drops it.
+
+kdist's own oracles and tuners save this way (`WholeSaves`,
+`WholeTunerSaves`); keras-tuner's own classes keep keras-tuner's writer.
 """
 
-import functools
 import json
 import os
 
@@ -62,10 +64,13 @@ def save_trial(oracle, trial):
                trial.get_state())
 
 
-def save_tuner(tuner):
-    if not compat.is_worker(tuner):
-        tuner.oracle.save()
-    write_json(compat.tuner_file(tuner), tuner.get_state())
+class WholeTunerSaves:
+    """Mixin for a `keras_tuner.Tuner`: its file, and its oracle's, saved whole."""
+
+    def save(self):
+        if not compat.is_worker(self):
+            self.oracle.save()
+        write_json(compat.tuner_file(self), self.get_state())
 
 
 class WholeSaves(compat.SavesTrialsThrough):
@@ -116,12 +121,3 @@ def requeue_orphans(oracle):
     # The queue hands out its last entry first: the oldest orphan runs first.
     compat.set_retry_queue(oracle, list(reversed(orphans)) + queue)
     return orphans
-
-
-def make_saves_whole(tuner):
-    """Gives any keras-tuner tuner and its oracle whole-file saves, in place."""
-    oracle = tuner.oracle
-    if not isinstance(oracle, WholeSaves):
-        oracle.save = functools.partial(save_oracle, oracle)
-        compat.route_trial_saves(oracle, functools.partial(save_trial, oracle))
-    tuner.save = functools.partial(save_tuner, tuner)

@@ -42,6 +42,7 @@ kdist.tune.clear_project(sys.argv[1], "leftovers")
 tuner = Own(oracle=kt.oracles.RandomSearchOracle(kt.Objective("loss", "min"), max_trials=3),
             hypermodel=build, directory=sys.argv[1], project_name="leftovers")
 before, oracle = set(vars(tuner)), tuner.oracle
+oracle_before = set(vars(oracle))
 failed = None
 try:
     kdist.tune.search(tuner, x, y, epochs=1, verbose=0, lost_after=30)
@@ -49,6 +50,7 @@ except Exception as error:  # noqa: BLE001  (reported)
     failed = f"{type(error).__name__}: {error}"
 report({"class": type(tuner).__name__, "added": sorted(set(vars(tuner)) - before),
         "same_oracle": tuner.oracle is oracle,
+        "added_to_oracle": sorted(set(vars(oracle)) - oracle_before),
         "hypermodel_fit": "fit" in vars(tuner.hypermodel),
         "environment": {k: v for k, v in os.environ.items() if k.startswith("KERASTUNER_")},
         "failed": failed})
