@@ -4,7 +4,7 @@ import keras
 import numpy as np
 import pytest
 
-from kdist.ps import algorithms, master_optimizers, protocol, rules
+from kdist.ps import algorithms, master_optimizers, messages, rules
 from kdist.ps.layout import Layout
 from kdist.ps.server import mean_logs
 from kdist.ps.hierarchy import shard_bounds, topology
@@ -224,12 +224,12 @@ def test_layout_round_trips_a_model_with_trainable_values_first():
 
 
 def test_message_header_and_body_share_one_buffer():
-    message = protocol.Message(5)
-    message.set(kind=protocol.EPOCH_END, epoch=3, stop=True, steps=17)
+    message = messages.Message(5)
+    message.set(kind=messages.EPOCH_END, epoch=3, stop=True, steps=17)
     message.body[:] = 1.5
     assert (message.kind, message.epoch, message.stop, message.steps) == (
-        protocol.EPOCH_END, 3, True, 17)
-    assert message.raw.nbytes == protocol.HEADER_SLOTS * 8 + 5 * 4
+        messages.EPOCH_END, 3, True, 17)
+    assert message.raw.nbytes == messages.HEADER_SLOTS * 8 + 5 * 4
     assert np.frombuffer(message.raw[-4:].tobytes(), np.float32)[0] == 1.5
 
 
@@ -290,19 +290,66 @@ def test_gem_rule_in_one_pass_equals_the_formula(rule_kernels, staleness_aware):
 
 
 def test_a_checkpoint_resumes_only_with_its_mode_and_number_of_servers(tmp_path):
-    from kdist.ps import state
+    from kdist.ps import master_checkpoint
 
     snapshot = {"center": np.arange(4, dtype=np.float32), "clock": 7,
                 "rule": {"momentum/2": np.ones(2, np.float32),
                          "shard1/momentum/2": np.ones(2, np.float32)}}
     config = {"mode": "gem", "servers": 2}
-    state.save(tmp_path, 3, snapshot, config, {"loss": [1.0]})
-    loaded = state.load(tmp_path, 4, config)
+    master_checkpoint.save(tmp_path, 3, snapshot, config, {"loss": [1.0]})
+    loaded = master_checkpoint.load(tmp_path, 4, config)
     assert (loaded["epoch"], loaded["clock"]) == (3, 7)
     assert set(loaded["rule"]) == {"momentum/2", "shard1/momentum/2"}
     with pytest.raises(ValueError, match="written by 2 server"):
-        state.load(tmp_path, 4, {"mode": "gem", "servers": 1})
+        master_checkpoint.load(tmp_path, 4, {"mode": "gem", "servers": 1})
     with pytest.raises(ValueError, match="written in mode 'gem'"):
-        state.load(tmp_path, 4, {"mode": "easgd", "servers": 2})
+        master_checkpoint.load(tmp_path, 4, {"mode": "easgd", "servers": 2})
     with pytest.raises(ValueError, match="another model"):
-        state.load(tmp_path, 5, config)
+        master_checkpoint.load(tmp_path, 5, config)
+
+
+def test_the_scope_hands_models_compiled_in_it_to_the_strategy_and_changes_no_class():
+    import sys
+    import threading
+
+    import kdist
+
+    class TwoRanks:  # what the strategy reads of its communicator when built
+        size, rank = 2, 0
+
+    class OwnCompile(keras.Sequential):
+        def compile(self, *args, **kwargs):
+            super().compile(*args, **kwargs)
+
+    def build(cls=keras.Sequential):
+        return cls([keras.Input((3,)), keras.layers.Dense(2)])
+
+    strategy = kdist.ps.ParameterServerStrategy(comm=TwoRanks())
+    compile_before, seen = keras.Model.compile, []
+
+    def profiler(frame, event, arg):  # a profile function set before the block
+        seen.append(event)
+
+    sys.setprofile(profiler)
+    try:
+        with strategy.scope():
+            inside, subclassed, failed = build(), build(OwnCompile), build()
+            inside.compile("sgd", "mse")
+            subclassed.compile("sgd", "mse")
+            with pytest.raises(ValueError):
+                failed.compile("no_such_optimizer", "mse")
+            elsewhere = build()
+            thread = threading.Thread(target=lambda: elsewhere.compile("sgd", "mse"))
+            thread.start()
+            thread.join()
+            assert keras.Model.compile is compile_before
+        assert sys.getprofile() is profiler
+    finally:
+        sys.setprofile(None)
+    assert seen  # still called while the block was open
+    outside = build()
+    outside.compile("sgd", "mse")
+    assert "fit" in vars(inside) and "fit" in vars(subclassed)
+    for model in (failed, elsewhere, outside):
+        assert "fit" not in vars(model)
+    assert inside.fit.func == strategy.fit and inside.fit.args == (inside,)

@@ -22,7 +22,9 @@ validation metrics per epoch.
 
 import contextlib
 import functools
+import inspect
 import logging
+import sys
 import threading
 
 import keras
@@ -30,7 +32,7 @@ import numpy as np
 
 from kdist._args import whole_number
 from kdist.comm import p2p, processes
-from kdist.ps import masks, master_optimizers, protocol, rules, shared, state
+from kdist.ps import master_checkpoint, masks, master_optimizers, messages, rules, shared
 from kdist.ps.layout import Layout
 from kdist.ps.exchange import ServerExchange
 from kdist.ps.server import Server
@@ -192,20 +194,33 @@ class ParameterServerStrategy:
     # Keras integration.
     @contextlib.contextmanager
     def scope(self):
-        """Models compiled inside this block train with this strategy in `fit`."""
-        original = keras.Model.compile
-        strategy = self
+        """Models compiled inside this block train with this strategy in `fit`.
 
-        @functools.wraps(original)
-        def compile(model, *args, **kwargs):
-            original(model, *args, **kwargs)
-            strategy.distribute(model)
+        Keras has no hook on `compile`, and kdist changes no Keras class. While
+        the block is open, this thread's profiling hook (`sys.setprofile`, which
+        changes nothing it sees) watches for Keras's `Model.compile` returning,
+        also through a subclass's `super().compile(...)`, and hands each model
+        compiled there to `distribute`. Other threads are not watched. A Python
+        profile function set before is still called; a C profiler (cProfile)
+        pauses while the block is open. Outside the block, compile as usual and
+        call `strategy.distribute(model)`.
+        """
+        watched = inspect.unwrap(keras.Model.compile).__code__
+        before = sys.getprofile()
+        chained = before if callable(before) else None
 
-        keras.Model.compile = compile
+        def watch(frame, event, arg):
+            if event == "return" and frame.f_code is watched:
+                model = frame.f_locals.get("self")
+                if getattr(model, "compiled", False):  # not when compile raised
+                    self.distribute(model)
+            return chained(frame, event, arg) if chained is not None else None
+
+        sys.setprofile(watch)
         try:
             yield self
         finally:
-            keras.Model.compile = original
+            sys.setprofile(before)
 
     def distribute(self, model):
         """Makes `model.fit` train with this strategy (what `scope()` does at compile)."""
@@ -234,7 +249,7 @@ class ParameterServerStrategy:
         self._check_same_model(layout)
         resumed = None
         if self.is_master and self.checkpoint_dir:
-            resumed = state.load(self.checkpoint_dir, layout.size, self.get_config())
+            resumed = master_checkpoint.load(self.checkpoint_dir, layout.size, self.get_config())
         start = {"epoch": initial_epoch, "clock": 0, "rule": None}
         if resumed is not None:
             start = {"epoch": max(initial_epoch, resumed["epoch"] + 1), "clock": resumed["clock"],
@@ -272,7 +287,7 @@ class ParameterServerStrategy:
         if self.is_master:
             if resumed is not None:
                 logger.info("Resuming from %s at epoch %d.",
-                            state.path_in(self.checkpoint_dir), start["epoch"] + 1)
+                            master_checkpoint.path_in(self.checkpoint_dir), start["epoch"] + 1)
             history = self._run_master(model, layout, center, start, resumed, epochs,
                                        callbacks, validation_data, verbose)
         elif self.is_submaster or self.is_shard_server:
@@ -373,13 +388,13 @@ class ParameterServerStrategy:
                 raise RuntimeError(f"Parameter-server shard {self.rank} stopped serving.") \
                     from event[1]
             if event[0] == "epoch":
-                p2p.send_object(self.comm, 0, ("epoch", event[1], event[3]), protocol.SHARD)
+                p2p.send_object(self.comm, 0, ("epoch", event[1], event[3]), messages.SHARD)
                 continue
             thread.join()
             self.stats = event[1]
             final = {"center": server.center, "clock": server.clock,
                      "rule": server.rule.get_state(), "stats": self.stats}
-            p2p.send_object(self.comm, 0, ("done", None, final), protocol.SHARD)
+            p2p.send_object(self.comm, 0, ("done", None, final), messages.SHARD)
             return keras.callbacks.History()
 
     def _shard_snapshots(self, epoch, snapshot):
@@ -391,7 +406,7 @@ class ParameterServerStrategy:
         for rank in range(1, self.servers):
             shard = self._shard_finals.get(rank)
             while shard is None:
-                kind, closed, cut = p2p.recv_object(self.comm, rank, protocol.SHARD)
+                kind, closed, cut = p2p.recv_object(self.comm, rank, messages.SHARD)
                 if kind == "done":
                     self._shard_finals[rank] = shard = cut
                 # Epochs the master no longer reports (a callback stopped
@@ -444,7 +459,7 @@ class ParameterServerStrategy:
             if show:
                 _print_epoch(epoch, epochs, logs, snapshot["stats"])
             if self.checkpoint_dir:
-                state.save(self.checkpoint_dir, epoch, snapshot, self.get_config(),
+                master_checkpoint.save(self.checkpoint_dir, epoch, snapshot, self.get_config(),
                            history.history)
             if model.stop_training:
                 logger.info("Stopping every worker after epoch %d (asked by a callback).",
