@@ -32,7 +32,7 @@ import time
 import numpy as np
 
 import kdist
-from kdist.ps import protocol, rules
+from kdist.ps import messages, rules
 from kdist.ps.hierarchy import shard_bounds
 from kdist.ps.exchange import ServerExchange
 from kdist.ps.server import Server
@@ -112,8 +112,8 @@ def work(comm, size, updates, slots, servers):
     link.message.body.fill(1e-6)
     comm.barrier()
     for _ in range(updates):
-        link.exchange(protocol.EXCHANGE)
-    link.exchange(protocol.DONE)
+        link.exchange(messages.EXCHANGE)
+    link.exchange(messages.DONE)
 
 
 def main():

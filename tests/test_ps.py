@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import ps_reference
-from kdist.ps import protocol
+from kdist.ps import messages
 
 pytestmark = pytest.mark.mpi
 
@@ -111,7 +111,7 @@ def test_submasters_add_up_their_workers_updates_and_report_once_a_round(mpirun,
         elif event[0] == "send":
             rounds.append((event[1], since))
             since = 0
-    assert {n for kind, n in rounds if kind == protocol.EXCHANGE} == {3}
+    assert {n for kind, n in rounds if kind == messages.EXCHANGE} == {3}
     assert master["updates"] == len(rounds) < sub["updates"] / 2
     assert job.results[0]["val_accuracy"] >= sgd_accuracy - 0.02
 
@@ -140,7 +140,7 @@ def _closes_epoch(epoch, children):
     reported = set()
 
     def until(child, index, sent):
-        if sent["kind"] == protocol.EPOCH_END and sent["epoch"] == epoch:
+        if sent["kind"] == messages.EPOCH_END and sent["epoch"] == epoch:
             reported.add(child)
         return reported == set(children)
 
@@ -165,7 +165,7 @@ def test_early_stopping_on_the_master_stops_every_rank_staleness_aware(mpirun, t
         assert after is not None, f"rank {rank} was never asked to stop"
         assert not [e for e in after if e[0] == "step"], f"rank {rank} trained on"
         assert [e[1] for e in after if e[0] == "send"] in (
-            [protocol.EPOCH_END, protocol.DONE], [protocol.DONE])
+            [messages.EPOCH_END, messages.DONE], [messages.DONE])
     assert any(len(job.results[rank]["epochs"]) < 6 for rank in (1, 2, 3))
     # Every rank ends with the centre the master's callbacks stopped on, the
     # one it had when the last worker closed epoch 2.

@@ -3,7 +3,7 @@
 import numpy as np
 
 from kdist.comm import p2p
-from kdist.ps import protocol
+from kdist.ps import messages
 from kdist.ps.hierarchy import shard_bounds
 
 
@@ -40,7 +40,7 @@ class ServerExchange:
         self._slots = slots if shared is not None else None
         if shared is None and len(self.servers) == 1:
             # One server by message: the bodies are the message buffers themselves.
-            self._out, self._in = [protocol.Message(size)], [protocol.Message(size)]
+            self._out, self._in = [messages.Message(size)], [messages.Message(size)]
             body, reply_body = self._out[0].body, self._in[0].body
         else:
             body, reply_body = shared or (np.zeros(size, np.float32),
@@ -49,8 +49,8 @@ class ServerExchange:
             for server, (start, stop) in zip(self.servers, self.bounds):
                 local = self._slots is not None and slots.on_node(server)
                 for wire, whole in ((self._out, body), (self._in, reply_body)):
-                    wire.append(protocol.Message(stop - start, body=whole[start:stop])
-                                if local else protocol.Message(stop - start))
+                    wire.append(messages.Message(stop - start, body=whole[start:stop])
+                                if local else messages.Message(stop - start))
         self.message, self.reply = _Whole(body), _Whole(reply_body)
         # Shards sent by message travel in their own buffers, copied at each exchange.
         self._copied = [not (m.shared or m.body is body) for m in self._out]
@@ -63,9 +63,9 @@ class ServerExchange:
     def exchange(self, kind, epoch=0, steps=0, logs=None):
         """Sends the message (and `logs` for an epoch end, to the first server);
         returns the reply."""
-        if kind == protocol.EPOCH_END:
+        if kind == messages.EPOCH_END:
             # Sent first so the server finds it as soon as it reads the message.
-            p2p.send_object(self.comm, self.servers[0], _plain(logs), protocol.LOGS)
+            p2p.send_object(self.comm, self.servers[0], _plain(logs), messages.LOGS)
         for out, copied, (start, stop) in zip(self._out, self._copied, self.bounds):
             out.set(kind=kind, epoch=epoch, steps=steps)
             if copied:
@@ -73,7 +73,7 @@ class ServerExchange:
         if self._slots is not None:
             self._slots.sync()
         p2p.exchange(self.comm, self.servers, [m.wire for m in self._out],
-                          [m.wire for m in self._in], protocol.UP, protocol.DOWN)
+                          [m.wire for m in self._in], messages.UP, messages.DOWN)
         if self._slots is not None:
             self._slots.sync()
         for incoming, copied, (start, stop) in zip(self._in, self._copied, self.bounds):

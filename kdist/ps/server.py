@@ -42,7 +42,7 @@ import time
 import numpy as np
 
 from kdist.comm import p2p
-from kdist.ps import algorithms, protocol
+from kdist.ps import algorithms, messages
 
 logger = logging.getLogger(__name__)
 
@@ -165,15 +165,15 @@ class Server:
         for child in self.children:
             bodies = self.slots.child_bodies(child) if self.slots is not None else None
             if bodies is None:
-                incoming[child], replies[child] = protocol.Message(size), protocol.Message(size)
+                incoming[child], replies[child] = messages.Message(size), messages.Message(size)
             else:
-                incoming[child], replies[child] = (protocol.Message(size, body=b[share])
+                incoming[child], replies[child] = (messages.Message(size, body=b[share])
                                                    for b in bodies)
             replies[child].body[:] = self.center
         self.shared_children = sum(m.shared for m in incoming.values())
-        mailbox = p2p.Mailbox(self.comm, {c: m.wire for c, m in incoming.items()}, protocol.UP)
+        mailbox = p2p.Mailbox(self.comm, {c: m.wire for c, m in incoming.items()}, messages.UP)
         sync = self.slots.sync if self.slots is not None else _nothing
-        outbox = p2p.Outbox(self.comm, protocol.DOWN)
+        outbox = p2p.Outbox(self.comm, messages.DOWN)
         live = set(self.children)
         t = self.trainable_size
         try:
@@ -201,29 +201,29 @@ class Server:
                 self.clock += 1
                 self._since_report += 1
                 kind = message.kind
-                if kind == protocol.EPOCH_END:
-                    logs = (p2p.recv_object(self.comm, child, protocol.LOGS)
+                if kind == messages.EPOCH_END:
+                    logs = (p2p.recv_object(self.comm, child, messages.LOGS)
                             if self.receives_logs else {})
                     self._reports[message.epoch][child] = logs
-                elif kind == protocol.DONE:
+                elif kind == messages.DONE:
                     live.discard(child)
                     self._done.add(child)
                 reply.set(kind=kind, epoch=message.epoch, stop=self.stopping)
                 sync()
                 outbox.send(child, reply.wire)
                 self.pulled_at[child] = self.clock
-                if kind != protocol.DONE:
+                if kind != messages.DONE:
                     mailbox.rearm(child)
                 self.busy_seconds += time.perf_counter() - started
-                if kind != protocol.EXCHANGE:
+                if kind != messages.EXCHANGE:
                     self._close_epochs()
                 if self.link is not None and live and self._since_report >= self.report_every:
-                    self._report_up(protocol.EXCHANGE)
+                    self._report_up(messages.EXCHANGE)
             outbox.flush()
         finally:
             mailbox.close()
         if self.link is not None:
-            self._report_up(protocol.DONE)
+            self._report_up(messages.DONE)
 
     def _lose(self, ranks, live, outbox):
         """Carries on without children that died (MPI fault tolerance is on)."""
@@ -248,7 +248,7 @@ class Server:
             epoch, logs = self.next_epoch, mean_logs(self._reports.pop(self.next_epoch))
             self.next_epoch += 1
             if self.link is not None:
-                self._report_up(protocol.EPOCH_END, epoch, logs)
+                self._report_up(messages.EPOCH_END, epoch, logs)
             elif not self.stopping:
                 snapshot = {"center": self.center.copy(), "clock": self.clock,
                             "rule": {k: np.array(v) for k, v in self.rule.get_state().items()},

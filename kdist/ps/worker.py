@@ -22,7 +22,7 @@ session.finish()
 import keras
 import numpy as np
 
-from kdist.ps import protocol
+from kdist.ps import messages
 from kdist.ps.exchange import ServerExchange
 
 
@@ -51,17 +51,17 @@ class WorkerSession:
         """Counts one training step; exchanges when due. Returns True to stop."""
         self.steps += 1
         if self.steps % self.sync_every == 0:
-            self._sync(protocol.EXCHANGE)
+            self._sync(messages.EXCHANGE)
         return self.stop_requested
 
     def end_epoch(self, epoch, logs=None):
         """Exchanges and reports this epoch's metrics. Returns True to stop."""
-        self._sync(protocol.EPOCH_END, epoch, logs)
+        self._sync(messages.EPOCH_END, epoch, logs)
         return self.stop_requested
 
     def finish(self):
         """The last exchange: the server stops waiting for this worker."""
-        self._sync(protocol.DONE)
+        self._sync(messages.DONE)
 
     def _sync(self, kind, epoch=0, logs=None):
         body = self.link.message.body
