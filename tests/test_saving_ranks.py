@@ -61,6 +61,21 @@ def test_a_directory_save_is_replaced_whole(tmp_path):
     assert keras.saving.load_model(path).count_params() == 3
 
 
+def test_sharded_weights_keep_their_shards_beside_the_index(tmp_path):
+    def build():
+        return keras.Sequential([keras.Input((50,)), keras.layers.Dense(400),
+                                 keras.layers.Dense(400)])
+
+    model, path = build(), tmp_path / "m.weights.json"
+    saving.save_weights(model, path, max_shard_size=0.5)
+    shards = [name for name in os.listdir(tmp_path) if name.endswith(".weights.h5")]
+    assert len(shards) >= 1 and sorted(os.listdir(tmp_path)) == sorted(shards + [path.name])
+    again = build()
+    again.load_weights(path)
+    for saved, loaded in zip(model.get_weights(), again.get_weights()):
+        np.testing.assert_array_equal(saved, loaded)
+
+
 def test_on_one_process_the_callbacks_are_keras_own_with_whole_files(tmp_path):
     model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
     model.compile("sgd", "mse")

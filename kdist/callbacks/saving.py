@@ -107,6 +107,11 @@ def write_whole(filepath, save):
     try:
         temporary = os.path.join(place, name)
         save(temporary)
+        # A sharded save writes its shards beside the file, which indexes them: they go
+        # first, so that the index never names a shard that is not there yet.
+        for other in sorted(os.listdir(place)):
+            if other != name:
+                os.replace(os.path.join(place, other), os.path.join(directory, other))
         if os.path.isdir(temporary):
             _replace_directory(temporary, filepath)
         else:
@@ -255,8 +260,6 @@ class _SavesWhole:
         model = object.__getattribute__(self, "_kdist_model")
         if not overwrite and os.path.exists(filepath):
             return model.save_weights(filepath, overwrite=False, **kwargs)
-        if kwargs.get("max_shard_size") is not None:  # several files: written in place
-            return model.save_weights(filepath, overwrite=True, **kwargs)
         write_whole(filepath, lambda target: model.save_weights(
             target, overwrite=True, **kwargs))
 
