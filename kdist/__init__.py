@@ -7,6 +7,34 @@ The top level is Horovod's Keras API, so that a Horovod script runs with
 >>> hvd.init()
 >>> hvd.size() >= 1
 True
+
+Besides Horovod's names, `kdist` holds its subpackages: `kdist.callbacks`,
+`kdist.optimizers`, `kdist.precision`, `kdist.elastic`, `kdist.distribute`,
+`kdist.ps`, `kdist.gossip`, `kdist.pipeline`, `kdist.tensor_parallel`, `kdist.gan`,
+`kdist.sparsity` (with tfmot's import paths in `kdist.tfmot`), `kdist.tune` and
+`kdist.comm`, the communication layer that every process function and collective
+of the top level comes from. `kdist.__version__` is the installed version. A
+Horovod name that kdist does not provide (`hvd.BroadcastGlobalVariablesHook`,
+`hvd.mpi_ops`, ...) raises `AttributeError` saying what to use instead.
+
+Importing kdist does not import TensorFlow, so `kdist run` and `kdist --help` start at
+once. Every name loads on first use. Loading the process functions, collectives and
+reduction ops (they come from `kdist.comm`) imports no TensorFlow; loading the other
+subpackages, `kdist.DistributedOptimizer`, `kdist.PartialDistributedOptimizer`,
+`kdist.SyncBatchNormalization` or `kdist.load_model` does. `kdist.init()` imports
+TensorFlow too, to give each rank its share of the node's cores and its own GPU.
+
+Saved models name kdist's classes (`AllreduceOptimizer`, `LossScaleOptimizer`, the
+pruning and quantization wrappers and schedules, the tensor-parallel layers,
+`SyncBatchNormalization`, `GAN`). `import kdist` registers them with Keras as soon as
+Keras is imported, before or after kdist, so `keras.models.load_model(path)` loads
+such a model in any process that has run `import kdist`, with nothing else
+imported from kdist.
+
+Every function that needs the process world starts kdist on first use, so calling
+`kdist.init()` yourself is optional. Call it at the top of the script anyway, before
+building models: TensorFlow's thread counts and visible GPUs can be set only before
+TensorFlow starts using them (see "Threads and devices" in the data-parallel guide).
 """
 
 import os as _os

@@ -17,12 +17,103 @@ script runs on Keras 3 after changing its import line:
 >>> plain = tfmot.sparsity.keras.strip_pruning(pruned)
 >>> qat = tfmot.quantization.keras.quantize_model(plain)
 
+The submodules are importable too: `from kdist.tfmot.sparsity.keras import
+prune_low_magnitude` works.
+
+## tfmot's names and kdist's
+
+Under `tfmot.sparsity.keras`:
+
+| tfmot's name | what it is here |
+|---|---|
+| `prune_low_magnitude` | `kdist.sparsity.prune`'s wrapping, with tfmot's rules (below) |
+| `prune_scope` | a custom-object scope, kept for scripts: kdist's classes load without it |
+| `strip_pruning` | `kdist.sparsity.strip`, for a model only |
+| `PrunableLayer` | `kdist.sparsity.PrunableLayer` |
+| `PruningSchedule`, `ConstantSparsity`, `PolynomialDecay` | `kdist.sparsity`'s classes |
+| `UpdatePruningStep` | a subclass of `kdist.sparsity.UpdatePruning` with tfmot's counting |
+| `PruningSummaries` | `kdist.sparsity.PruningSummaries` |
+
+Under `tfmot.quantization.keras`:
+
+| tfmot's name | what it is here |
+|---|---|
+| `quantize_model` | every layer quantised in 8 bits, inputs through a `quantize_layer` |
+| `quantize_annotate_layer`, `quantize_annotate_model` | `kdist.sparsity`'s functions |
+| `quantize_apply` | `kdist.sparsity.quantize_apply`, plus what tfmot's scheme adds |
+| `quantize_scope` | a scope with kdist's quantisation classes and any dicts given |
+| `QuantizeConfig` | `kdist.sparsity.QuantizeConfig` |
+| `fix_input_output_range`, `remove_input_range` | `kdist.sparsity`'s functions |
+| `quantizers.Quantizer`, `LastValueQuantizer` | `kdist.sparsity`'s quantizers |
+| `quantizers.MovingAverageQuantizer`, `AllValuesQuantizer` | `kdist.sparsity`'s quantizers |
+| `quantizers.FixedQuantizer` | `kdist.sparsity.FixedQuantizer` |
+| `default_8bit.Default8BitQuantizeRegistry` | `kdist.sparsity.QuantizeRegistry` |
+| `default_8bit.Default8BitQuantizeScheme` | a name for kdist's one scheme |
+| `QuantizeWrapper`, `QuantizeWrapperV2` | a `QuantizeWithConfig` (see below) |
+
+And `tfmot.experimental.combine.Default8BitPrunePreserveQuantizeScheme`, another
+name for kdist's one scheme. The two scheme classes are what `quantize_apply(model,
+scheme)` accepts for a Keras 3 model: both name kdist's scheme, 8-bit symmetric
+per-channel kernels that keep a pruned kernel's zeros, with moving-average output
+ranges; another scheme raises `ValueError`, and so does
+`Default8BitQuantizeScheme(disable_per_axis=True)`. `isinstance(layer,
+QuantizeWrapper)` is true of every quantised layer, `QuantizeAware` ones included, so
+checks written for tfmot find them all.
+
 A tf_keras model, layer or callback's model is handed to
-tensorflow-model-optimization itself (extra `tfmot`), so a script that
-still builds tf_keras models runs too. For Keras 3 models, what kdist does
-differently is said where it matters: one scheme for layers without a `QuantizeConfig`
-(8-bit symmetric per-channel weights and moving-average output ranges),
-configs' `set_quantize_weights` never called, and no pruning policies.
+tensorflow-model-optimization itself (extra `tfmot`), with every argument, so a script
+that still builds tf_keras models runs too. Names this module does not offer (tfmot's
+`clustering`, its other schemes and `default_8bit` names) come from tfmot itself when it
+is installed, for tf_keras models only; otherwise they raise `AttributeError`.
+
+## As in tfmot
+
+- `prune_low_magnitude(model)` returns a new, uncompiled model around the model's own
+  layers: they, and their weights, are shared with it. Every layer is wrapped, those with
+  nothing to prune (Dropout, pooling, Add) included; layers already pruned are kept as
+  they are. Wrappers are named `prune_low_magnitude_<layer>`. Anything but a Sequential
+  or functional model, a layer or a list of layers raises `ValueError`; so does a layer
+  tfmot does not prune (a custom layer that is not a `PrunableLayer`, the ConvLSTM
+  layers), before anything is copied.
+- Its wrappers fail a training step with `tf.errors.InvalidArgumentError` until an
+  `UpdatePruningStep` callback has started (`require_step_callback=True` of
+  `kdist.sparsity.PruneLowMagnitude`).
+- `UpdatePruningStep` does nothing for a model with no pruned layer, counts the first
+  batch as step 1 (`kdist.sparsity.UpdatePruning` counts it as step 0, and raises
+  `ValueError` for such a model) and sets an m-by-n pattern once, at step 1.
+- `quantize_model` and `quantize_apply` start untrained output ranges at [-6, 6], so a
+  model converted before training is int8 too. Layers without weights are treated as
+  `kdist.sparsity.QuantizeRegistry` says (`kdist.sparsity.quantize_apply` leaves them in
+  float). Wrappers are named `quant_<layer>` (`quantized_layer_name_prefix`).
+- `quantize_apply` also quantises the output of an unmarked layer that is the one input
+  of a marked layer (a `QuantizeWrapper` with an `OutputOnlyConfig` of the registry's
+  config; its weights stay float), so the marked layer reads values on an 8-bit grid;
+  inputs get a `quantize_layer` only where quantised layers read them.
+- A custom layer marked without a `QuantizeConfig` raises `ValueError` when Keras does not
+  know its class (the model cannot be copied: register it or name it in
+  `quantize_scope`), and `RuntimeError` when it does; a MultiHeadAttention without a
+  config raises `RuntimeError`.
+- `None`, a layer where a model is expected or the reverse, a subclassed model, a model
+  inside the model to quantise, and a model not yet built (`quantize_model`,
+  `quantize_apply`) raise `ValueError`. `kdist.sparsity`'s own functions are more lenient
+  (they quantise the layers of inner models) and raise `TypeError` for an object of the
+  wrong kind.
+
+## Differences from tfmot
+
+- One scheme for layers marked without a `QuantizeConfig`: 8-bit symmetric per-channel
+  kernels (tfmot's default is per tensor for Dense) that keep their zeros, as tfmot's
+  `Default8BitPrunePreserveQuantizeScheme` does, with or without a scheme given.
+- A config's `set_quantize_weights` is never called: a Keras 3 layer's kernel cannot be
+  assigned, so kdist gives the layer its quantised weights itself.
+- No pruning policies: `pruning_policy` raises `ValueError` for Keras 3 models.
+- `prune_low_magnitude` passes further keyword arguments (`input_shape`, `name`) to a
+  single layer's wrapper; with a model or a list they raise `TypeError`, where tfmot
+  ignores them.
+- `prune_scope` and `quantize_scope` are not needed to load saved models.
+- `prune_low_magnitude`, `quantize_model`, `quantize_annotate_model` and `quantize_apply`
+  raise `RuntimeError` inside a TF1-style graph (`tf.Graph().as_default()`,
+  `tf.compat.v1` graph mode): Keras 3 builds models eagerly; call them outside it.
 """
 
 import contextlib
@@ -334,7 +425,18 @@ def quantize_model(to_quantize, quantized_layer_name_prefix="quant_"):
     """tfmot's `quantize_model`: every layer with a kernel trained in 8 bits.
 
     See `kdist.sparsity.quantize`. A pruned model (stripped or not) keeps its
-    zeros. Wrappers are named `<quantized_layer_name_prefix><layer>`.
+    zeros. Wrappers are named `<quantized_layer_name_prefix><layer>`. The model
+    starts with a `quantize_layer`; layers without weights are quantised as
+    `kdist.sparsity.QuantizeRegistry` says; untrained output ranges start at
+    [-6, 6], as tfmot's do, so a model converted before training is int8 too.
+
+    Raises:
+        ValueError: `to_quantize` is None, a layer, a subclassed model, holds
+            another model, or is not built; a custom layer whose class Keras
+            does not know.
+        RuntimeError: a custom layer or a MultiHeadAttention (give it a
+            `QuantizeConfig` with `quantize_annotate_layer`); called inside a
+            TF1-style graph.
     """
     real = _real(to_quantize)
     if real is not None:
@@ -394,9 +496,21 @@ def quantize_annotate_model(to_annotate):
 def quantize_apply(model, scheme=None, quantized_layer_name_prefix="quant_"):
     """tfmot's `quantize_apply`: the marked layers of `model` trained in 8 bits.
 
-    For Keras 3 models `scheme` must be left out: kdist has one scheme,
-    whose sparsity-preserving behaviour is tfmot's
-    `Default8BitPrunePreserveQuantizeScheme`.
+    For Keras 3 models `scheme` is left out or is one of the two names of
+    kdist's one scheme, `quantization.keras.default_8bit.Default8BitQuantizeScheme()`
+    and `experimental.combine.Default8BitPrunePreserveQuantizeScheme()`: 8-bit
+    symmetric per-channel kernels that keep a pruned kernel's zeros. As tfmot's
+    scheme does, it also quantises the output of an unmarked layer that is the one
+    input of a marked layer (its weights stay float), and puts a `quantize_layer`
+    after each input that a quantised layer reads.
+
+    Raises:
+        ValueError: another scheme; `model` is None, not a Sequential or
+            functional model, or not built; a custom layer marked without a
+            `QuantizeConfig` whose class Keras does not know.
+        RuntimeError: a custom layer marked without a `QuantizeConfig` whose class
+            Keras knows, or a MultiHeadAttention without one; called inside a
+            TF1-style graph.
     """
     real = _real(model)
     if real is not None:

@@ -53,10 +53,59 @@ _MONITORING = ("EarlyStopping", "ReduceLROnPlateau", "ModelCheckpoint")
 class Agreement:
     """Keeps the ranks of a data-parallel `fit` in agreement at each epoch's end.
 
-    Pass `agreement.around(callbacks)` as the callbacks of a `fit` whose
-    model several ranks train in step (a kdist optimizer, or
-    `kdist.distribute.MPIStrategy`); on one rank, or for a model trained
-    apart, its callbacks do nothing but note who stopped training.
+    Keras runs callbacks on each rank with that rank's own logs: without
+    help, `EarlyStopping` on one rank may stop its `fit` while the others
+    train on (and wait for it in the next gradient reduction), and
+    `ReduceLROnPlateau` may lower one rank's learning rate alone, so that the
+    ranks drift apart without a word. Keras offers no hook through which a
+    library could add callbacks to every `fit`, so the agreement is asked
+    for: pass `Agreement().around(callbacks)` as the callbacks of a `fit`
+    whose model several ranks train in step (its optimizer is a kdist
+    `DistributedOptimizer`, or its strategy is `kdist.distribute.MPIStrategy`):
+
+    ```python
+    model.fit(x, y, epochs=10, callbacks=kdist.callbacks.Agreement().around([
+        keras.callbacks.EarlyStopping(patience=3),
+        keras.callbacks.ModelCheckpoint("best.keras", save_best_only=True),
+    ]))
+    ```
+
+    The list it returns holds:
+
+    - a callback first, which joins the ranks at each epoch's end (see this
+      package's description) and averages the epoch's numeric logs over them,
+      so that every later callback (`EarlyStopping`, `ReduceLROnPlateau`,
+      `ModelCheckpoint`, `History`, the progress bar) sees the same numbers on
+      every rank;
+    - your callbacks, each followed by a small sentinel that notes whether it
+      set `model.stop_training`;
+    - a callback last, which runs one small collective per epoch. If some
+      ranks stopped training, every rank stops with them, with a warning
+      naming the ranks and the callbacks that stopped them. If the ranks'
+      learning rates differ (compared every epoch), or, every `check_every`
+      epochs, a digest of the model's trainable variables and its
+      optimizer's variables differs, every rank raises `ValueError` naming
+      the ranks, the rates or the first variable that differs, and the epoch.
+      Left out of the digest: the variables each rank keeps to itself
+      (`local_variables`, `register_local_var`), gradient accumulators and
+      the model's non-trainable variables (batch normalisation's moving
+      statistics). The variables of a model whose ranks hold different parts
+      of it (pipeline stages) are not compared.
+
+    At the start of `fit`, the first callback also tells every rank which
+    paths the ranks' saving callbacks write (one small collective), and
+    Keras's own `ModelCheckpoint` and `BackupAndRestore` in the list are run
+    through `writing_once`: one rank writes each file (see this package's
+    description). A checkpoint callback that only rank 0 holds, as in
+    Horovod's scripts, then needs nothing from the other ranks. On one rank,
+    or for a model trained apart, the agreement's callbacks run no collective
+    and only note who stopped training.
+
+    Horovod-style scripts that put `MetricAverageCallback` before their
+    deciding callbacks and save on rank 0 only need nothing more; the
+    agreement adds the checks (who stopped, learning rates, variables) and
+    lets every rank keep its saving callbacks. See the Reliability guide
+    (docs/reliability.md, "A rank that leaves early").
 
     Args:
         average_logs: average the epoch's numeric logs over the ranks before
@@ -65,9 +114,16 @@ class Agreement:
             `ModelCheckpoint(save_best_only=True)` monitor are compared at the
             first epoch, with a warning naming the callback, the key and each
             rank's value when they differ.
-        check_every: compare a digest of every variable of the model and its
-            optimizer every this many epochs (0: never). The learning rates
+        check_every: compare a digest of the variables every this many epochs,
+            from the first epoch of each `fit` (0: never). The learning rates
             are compared at every epoch.
+
+    Raises:
+        ValueError: at an epoch's end, on every rank, when the ranks' learning
+            rates or variables differ, or when they report different metric
+            names (with `average_logs`); at once, a fractional `check_every`.
+        TypeError: `check_every` is not a number; `around` is given a
+            `keras.callbacks.CallbackList` instead of a list.
 
     Example:
 
@@ -84,7 +140,9 @@ class Agreement:
         self._watch = _Watch()
 
     def around(self, callbacks=None):
-        """`callbacks` with this agreement's callbacks around them, for `fit`."""
+        """`callbacks` (a list, or None) with this agreement's callbacks around them:
+        the list to pass to `fit`. Keras's `ModelCheckpoint` and
+        `BackupAndRestore` in it are replaced by `writing_once(callback)`."""
         if isinstance(callbacks, keras.callbacks.CallbackList):
             raise TypeError("Agreement.around takes a list of callbacks, not a CallbackList.")
         callbacks = list(callbacks or [])

@@ -16,25 +16,38 @@ logger = logging.getLogger(__name__)
 class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     """Starts every rank from `root_rank`'s weights and optimizer state.
 
-    Runs when training begins, before the first step. A model that Keras
-    builds only in its first step (no `Input`, or a subclassed model) is
-    broadcast as soon as its variables exist, before that step first runs,
-    when the optimizer is kdist's; otherwise at the end of the first batch,
-    as Horovod does. A model built differently on some rank is reported by
-    name instead of hanging. It also keeps ranks with uneven numbers of
-    batches in step: at each epoch's end it joins (see `kdist.join`).
+    Runs when training begins, before the first step. It builds the optimizer
+    first (Keras 3 builds it only in the first step otherwise), so that the
+    optimizer's state is broadcast too. A model that Keras builds only in its
+    first step (no `Input`, most subclassed models) has no variables yet then:
+    with a kdist optimizer the broadcast runs as soon as they exist, before
+    that step first runs; with any other optimizer it runs at the end of the
+    first batch, as Horovod's does, with a warning. A model built differently
+    on some rank is reported by variable name, on every rank, instead of
+    hanging. It also keeps ranks with uneven numbers of batches in step: at
+    each epoch's end it joins (see `kdist.join` and this package's
+    description).
 
     Args:
-        root_rank: the rank whose values every rank starts from.
+        root_rank: the rank whose values every rank starts from (a whole
+            number; numpy integers are accepted).
         device: accepted for compatibility with Horovod; has no effect.
-        local_variables: a variable or variables that keep each rank's own
-            value, at the start and when ranks are brought back in step
-            after a join.
-        process_set: a `kdist.ProcessSet`; broadcast among its ranks only
-            (`root_rank` is still a rank of the whole job, and one of the set's,
-            as in Horovod).
+        local_variables: a variable or a list of variables (`keras.Variable` or
+            `tf.Variable`) that keep each rank's own value, at the start and
+            when the model is copied from one rank to the others after a join.
+            `register_local_var(var)` adds one later.
+        process_set: a `kdist.ProcessSet`; broadcast among its ranks only.
+            `root_rank` is then a rank of the whole job, and one of the set's,
+            as in Horovod.
         comm: a kdist communicator to broadcast over instead (a search's
-            `kdist.tune.trial_comm()`, say); `root_rank` is a rank of it.
+            `kdist.tune.trial_comm()`, say); `root_rank` is then a rank of
+            `comm`.
+
+    Raises:
+        ValueError: `root_rank` is a fraction, or not a rank of the job (of the
+            process set, of `comm`); both `process_set` and `comm` are given.
+        TypeError: `root_rank` is not a number, or a local variable is not a
+            variable.
 
     Example:
 
@@ -71,7 +84,9 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
                 self.register_local_var(variable)
 
     def register_local_var(self, var):
-        """Keeps `var` out of the broadcast: every rank keeps its own value."""
+        """Keeps `var` out of the broadcast: every rank keeps its own value, at the
+        start and when the model is copied between ranks after a join. A `var`
+        that is not a `keras.Variable` or `tf.Variable` raises `TypeError`."""
         if not _is_variable(var):
             raise TypeError("local_variables must be variables (keras.Variable or "
                             f"tf.Variable); got {type(var).__name__}.")
@@ -120,10 +135,22 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
 
 
 class MetricAverageCallback(keras.callbacks.Callback):
-    """Replaces each epoch's metrics by their average over all ranks.
+    """Replaces each epoch's metrics by their average over the ranks.
 
-    Put it before callbacks that read metrics (checkpoints, early stopping,
-    loggers) so that they see the job's figures, not rank 0's alone.
+    At each epoch's end, every numeric entry of the epoch's logs (validation
+    metrics included) is replaced by its mean over the ranks that train the
+    model (its kdist optimizer's or `MPIStrategy`'s ranks, else the whole job),
+    after the epoch-end join. Put it before callbacks that read metrics
+    (checkpoints, early stopping, loggers) so that they see the job's figures,
+    not rank 0's alone. In a `fit` run through `Agreement.around`, whose first
+    callback averages the logs already, it does not average them again.
+
+    Args:
+        device: accepted for compatibility with Horovod; has no effect.
+
+    Raises:
+        ValueError: the ranks report different metric names (they must compile
+            the same metrics).
 
     Example:
 

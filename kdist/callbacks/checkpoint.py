@@ -119,7 +119,12 @@ def saved_epoch(path):
 
 
 def latest_checkpoint(directory):
-    """The path of the newest complete checkpoint in `directory`, or None."""
+    """The path of the newest complete checkpoint in `directory`, or None.
+
+    Looks at the files `Checkpoint` writes (`epoch-NNNNNN.npz`) and returns the
+    one with the most finished epochs; a file still being written is not one
+    of them (it has a temporary name until it is complete).
+    """
     found = []
     for path in glob.glob(os.path.join(directory, "epoch-*.npz")):
         match = _NAME.match(os.path.basename(path))
@@ -129,26 +134,55 @@ def latest_checkpoint(directory):
 
 
 class Checkpoint(keras.callbacks.Callback):
-    """Saves the training state after every epoch and resumes from it.
+    """Saves the training state after every `save_freq` epochs and resumes from it.
 
     Rank 0 writes the model's variables, the optimizer's state and the number
     of finished epochs to `directory/epoch-NNNNNN.npz`, atomically (a file is
-    complete or absent). When training begins, rank 0 looks for the newest
-    checkpoint; if there is one, it is loaded and broadcast to every rank and
-    `fit` continues with the next epoch. Rerunning the same command therefore
-    resumes an interrupted run. Inside `kdist.elastic.run`, once ranks were
-    lost or replaced, training goes on from the last commit in memory instead
-    and the disk is only written.
+    complete or absent), and deletes all but the newest `keep`. When training
+    begins, rank 0 looks for the newest checkpoint; if there is one, it is
+    loaded and broadcast to every rank and `fit` continues with the next
+    epoch, as with `initial_epoch` (so `fit(epochs=10)` runs only the epochs
+    still to do). Rerunning the same command therefore resumes an interrupted
+    run. Put it on every rank: the look-up is broadcast. Inside
+    `kdist.elastic.run`, once ranks were lost or replaced, training goes on
+    from the last commit in memory instead and the disk is only written.
 
     Values are matched to variables by path (`variable.path`, such as
-    "sequential/dense/kernel" or "adam/iteration"), so a model that creates
-    its variables in another order resumes correctly, and a checkpoint from
-    another model is refused with the names that differ (see `load_state`).
+    `"sequential/dense/kernel"` or `"adam/iteration"`), so a model that lists
+    its variables in another order resumes correctly. Variables that share a
+    path (two optimizers given the same name) are matched in the order they
+    come. A checkpoint written by another model raises `ValueError` naming
+    the variables it lacks, those it holds that the model lacks, and those
+    whose shapes differ; nothing is assigned then. Paths hold the names Keras
+    gives layers, models and optimizers, which Keras numbers when they are
+    made again in one Python process (`dense_1`, `adam_1`): resume in a new
+    process, as rerunning the script does, or name them.
+
+    A model that Keras builds in its first step (no `Input`) is restored once
+    its variables exist, before that step first runs. That needs a kdist
+    optimizer: resuming such a model with another optimizer raises
+    `ValueError` (give the model an `Input`, or wrap its optimizer in
+    `kdist.DistributedOptimizer`). For a resume that continues exactly as the
+    uninterrupted run would, see the data-parallel guide
+    (docs/data-parallel.md, "Checkpoints and resume").
 
     Args:
-        directory: where checkpoints go.
-        keep: how many of the newest checkpoints to keep.
-        save_freq: save after every `save_freq` epochs.
+        directory: where checkpoints go (a path or path-like; created when the
+            first checkpoint is written).
+        keep: how many of the newest checkpoints to keep; at least 1.
+        save_freq: save after every `save_freq` epochs; at least 1.
+
+    Attributes:
+        resumed_from: once training began, the number of epochs the loaded
+            checkpoint had finished, or None if training started afresh.
+
+    Raises:
+        ValueError: `keep` or `save_freq` is below 1; when training begins,
+            a checkpoint from another model, a model built in its first step
+            without a kdist optimizer (when there is a checkpoint to resume
+            from), or a model whose ranks hold different parts of it
+            (`ranks_hold_different_weights`; save such a model with
+            `ModelCheckpoint(path, save_weights_only=True)`).
 
     Example:
 

@@ -40,7 +40,12 @@ def scale_learning_rate(learning_rate, rule="linear", size=None):
     With `size` times the global batch, `"linear"` multiplies the rate by
     `size` (Goyal et al. 2017; SGD with momentum), `"sqrt"` by `sqrt(size)`
     (Adam-like optimizers, or when linear scaling diverges). `size` defaults to
-    the number of ranks.
+    the number of ranks (`kdist.size()`).
+
+    Raises:
+        ValueError: `learning_rate` is not positive, `rule` is neither
+            `"linear"` nor `"sqrt"`, or `size` is below 1 or a fraction.
+        TypeError: `learning_rate` or `size` is not a number.
 
     Example:
 
@@ -58,17 +63,46 @@ def scale_learning_rate(learning_rate, rule="linear", size=None):
 class LearningRateScheduleCallback(keras.callbacks.Callback):
     """Sets `lr = initial_lr * multiplier(epoch)` between `start_epoch` and `end_epoch`.
 
+    Epochs are fractional: batch `b` of epoch `e` starts at
+    `e + b / steps_per_epoch`. The schedule governs the batches that start from
+    `start_epoch` (included) up to `end_epoch` (excluded); with fractional
+    bounds it starts and stops at the batch that reaches them, so consecutive
+    schedules hand over to one another in the middle of an epoch. Outside
+    its range it leaves the learning rate alone.
+
+    At each epoch's end the optimizer's current learning rate is added to the
+    logs as `"learning_rate"`. The optimizer's learning rate must be a number,
+    not a `keras.optimizers.schedules.LearningRateSchedule` (Keras refuses to
+    set it then, with `TypeError`).
+
     Args:
         initial_lr: the learning rate the multiplier scales (usually already
-            scaled by `kdist.size()`).
+            scaled by `kdist.size()`); a positive number.
         multiplier: a number, or a function of the epoch.
-        start_epoch: the (possibly fractional) epoch this schedule starts at.
-        end_epoch: the (possibly fractional) epoch it stops at, excluded; None
-            means until training ends.
+        start_epoch: the (possibly fractional) epoch this schedule starts at;
+            0 or more.
+        end_epoch: the (possibly fractional) epoch it stops at, excluded, after
+            `start_epoch`; None means until training ends.
         staircase: change once per epoch, passing the multiplier the whole
             epoch number (True), or before every batch, passing the
             fractional epoch (False).
-        steps_per_epoch: batches per epoch, when Keras cannot tell.
+        momentum_correction: accepted for compatibility with Horovod; a true
+            value logs a warning and is not applied (Keras 3 optimizers compile
+            their momentum into the train step).
+        steps_per_epoch: batches per epoch (a whole number, at least 1), when
+            Keras cannot tell (a dataset of unknown length). A per-batch
+            schedule or fractional bounds need it then.
+        verbose: if true, rank 0 prints the learning rate at the end of each
+            epoch in the schedule's range.
+
+    Raises:
+        ValueError: `initial_lr` is not positive; a bound is negative;
+            `end_epoch <= start_epoch`; `steps_per_epoch` is below 1 or a
+            fraction; at the first batch that needs the number of batches per
+            epoch, when neither Keras nor `steps_per_epoch` gives it.
+        TypeError: `initial_lr`, a bound or `steps_per_epoch` is not a number
+            (a NaN bound included); `multiplier` is neither a number nor
+            callable.
 
     Example:
 
@@ -125,7 +159,8 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
         return epoch + batch / self._steps()
 
     def learning_rate_at(self, epoch):
-        """The learning rate this schedule gives at a (fractional) epoch."""
+        """The learning rate this schedule gives at a (fractional) epoch:
+        `initial_lr * multiplier(epoch)`, whether or not `epoch` is in range."""
         return self.initial_lr * float(self.multiplier(epoch))
 
     def _adjust(self, epoch, batch):
@@ -155,14 +190,44 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
     """Ramps the learning rate from `initial_lr / size` to `initial_lr` over the first epochs.
 
     A large global batch wants a large learning rate, but not from the first
-    step; the ramp is linear in the (fractional) epoch and updated every
-    batch. Each batch trains with the rate reached at its end, so the last
-    batch of the warm-up trains with exactly `initial_lr`, also when
-    `warmup_epochs` is fractional.
+    step (Goyal et al., 2017). Over the first `warmup_epochs` epochs the rate
+    climbs linearly in the fractional epoch, updated before every batch:
+
+        lr(epoch) = initial_lr * (1 + epoch * (size - 1) / warmup_epochs) / size
+
+    where `size` is `kdist.size()`. Each batch trains with the rate reached
+    at its end (`epoch = e + (b + 1) / steps_per_epoch` for batch `b` of
+    epoch `e`), so the last batch of the warm-up trains with exactly
+    `initial_lr`, also when `warmup_epochs` is fractional (2.5, say). The
+    rate never exceeds `initial_lr`; with a whole `warmup_epochs`, the last
+    warm-up epoch leaves it at `initial_lr` even when that epoch had fewer
+    batches than announced. After the warm-up the callback leaves the rate alone, so that a
+    `LearningRateScheduleCallback` starting at `warmup_epochs` can take over.
 
     With a `scaling` rule (`"linear"` or `"sqrt"`, see
     `scale_learning_rate`), `initial_lr` is instead the rate that suits one
-    rank, and the ramp climbs from it to the scaled rate.
+    rank, and the ramp climbs from it to
+    `scale_learning_rate(initial_lr, scaling)`.
+
+    Args:
+        initial_lr: the rate reached at the end of the warm-up (with
+            `scaling`: the rate for one rank); a positive number.
+        warmup_epochs: the length of the warm-up in (possibly fractional)
+            epochs; a positive number.
+        momentum_correction: as for `LearningRateScheduleCallback`: not
+            applied, with a warning.
+        steps_per_epoch: as for `LearningRateScheduleCallback`; the warm-up is
+            per batch, so it is needed when Keras cannot tell the number of
+            batches per epoch.
+        verbose: if true, rank 0 prints the rate at the end of each warm-up
+            epoch, and `Epoch N: finished warming up to learning rate ...` at
+            the end of the epoch in which the warm-up ends.
+        scaling: None, `"linear"` or `"sqrt"`.
+
+    Raises:
+        ValueError: `warmup_epochs` or `initial_lr` is not positive, or
+            `scaling` is another rule.
+        TypeError: `warmup_epochs` or `initial_lr` is not a number.
 
     Example:
 

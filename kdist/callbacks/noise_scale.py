@@ -27,10 +27,25 @@ logger = logging.getLogger(__name__)
 def estimate_noise_scale(local_norm_sq, global_norm_sq, batch_size, global_batch_size):
     """`(B_noise, |G|^2, S)` from mean squared gradient norms at two batch sizes.
 
-    `local_norm_sq` is the mean over steps (and ranks) of `|G_b|^2` at batch
-    `batch_size`, `global_norm_sq` that of `|G_B|^2` at `global_batch_size`.
-    `B_noise` is NaN when the estimate of `|G|^2` is not positive (the noise
-    drowns the gradient) or that of `S` is negative (too few steps to tell).
+    `local_norm_sq` is the mean over steps (and ranks) of `|G_b|^2`, the
+    squared norm of a gradient computed on a batch of `batch_size` examples
+    (`b`); `global_norm_sq` is that of `|G_B|^2` at `global_batch_size`
+    (`B`). Their unbiased combinations estimate the true gradient's squared
+    norm and the trace of the per-example gradient covariance
+    (McCandlish et al. 2018):
+
+        |G|^2   = (B |G_B|^2 - b |G_b|^2) / (B - b)
+        S       = (|G_b|^2 - |G_B|^2) / (1/b - 1/B)
+        B_noise = S / |G|^2
+
+    `B_noise`, the gradient noise scale, is the batch size at which one
+    step's noise equals its signal. It is NaN when the estimate of `|G|^2` is
+    not positive (the noise drowns the gradient) or that of `S` is negative
+    (too few steps to tell).
+
+    Raises:
+        ValueError: `global_batch_size` is not larger than `batch_size`, or
+            `batch_size` is not positive.
 
     Example:
 
@@ -51,21 +66,45 @@ def estimate_noise_scale(local_norm_sq, global_norm_sq, batch_size, global_batch
 class GradientNoiseScale(keras.callbacks.Callback):
     """Logs the gradient noise scale every epoch, and what it says about the batch size.
 
-    Works with a model compiled with `kdist.DistributedOptimizer` on 2 or
-    more ranks: the optimizer keeps the squared norms of each rank's gradient
-    and of the averaged one (two scalar sums per step, no extra
-    communication), and at each epoch's end the callback averages them over
-    the epoch's steps and the ranks. It adds `gradient_noise_scale` (in
-    examples), `gradient_norm_sq` and `gradient_variance` to the logs, and
-    with `verbose` rank 0 prints the advice.
+    The gradient noise scale `B_noise = S / |G|^2` (McCandlish et al. 2018)
+    is the batch size at which one step's noise equals its signal: well below
+    it, a larger batch trains in proportionally fewer steps; well above it,
+    more data per step buys little. Data-parallel training holds two gradient
+    estimates each step, every rank's own from its batch `b` and their
+    average from the global batch `B = b * size()`, and
+    `estimate_noise_scale` turns their squared norms into the estimate.
+
+    The model's optimizer must be a `kdist.DistributedOptimizer` (possibly
+    inside a loss-scale optimizer) on 2 ranks or more. The optimizer then
+    keeps the sums of `|G_b|^2` and `|G_B|^2` over the epoch's steps (two
+    scalars per step, no extra communication); a train function traced before
+    the callback started is traced again so that it records them. At each
+    epoch's end the callback averages them over the steps and the ranks and
+    adds to the logs `gradient_noise_scale` (in examples), `gradient_norm_sq`
+    (`|G|^2`) and `gradient_variance` (`S`, the trace of the per-example
+    gradient covariance); an epoch without steps adds nothing.
 
     The estimate describes the current weights: it grows as training
     converges (the gradient shrinks faster than its noise), so a batch that
     was too large early can suit later epochs.
 
     Args:
-        batch_size: the batch each rank trains on per step.
-        verbose: print the estimate and the advice on rank 0.
+        batch_size: the batch each rank trains on per step (a whole number, at
+            least 1).
+        verbose: if true, rank 0 prints the estimate at each epoch's end and
+            whether the global batch is well below it (under half), near it,
+            or well above it (over twice).
+
+    Attributes:
+        history: each epoch's estimate of `B_noise`, in order (NaN when there
+            was none).
+
+    Raises:
+        ValueError: when training begins, if the model's optimizer is not a
+            `kdist.DistributedOptimizer`, if it reduces over fewer than 2
+            ranks, or if it uses `backward_passes_per_step > 1`; at once, if
+            `batch_size` is below 1 or a fraction.
+        TypeError: `batch_size` is not a number.
 
     Example:
 

@@ -45,14 +45,26 @@ logger = logging.getLogger(__name__)
 def save_model(model, filepath, overwrite=True, **kwargs):
     """`model.save(filepath)` for a model trained on several ranks; call it on every rank.
 
-    One rank writes `filepath` (a temporary file renamed into place) and every
-    rank returns when it is complete. A failed write raises on every rank.
+    Of the ranks given the same path (compared as absolute paths), the lowest
+    writes it, to a temporary file beside the path that is then renamed into
+    place; ranks given paths of their own each write theirs. Every rank
+    returns once the file is complete. The ranks are those that train
+    `model` together (its kdist optimizer's or `MPIStrategy`'s
+    communicator), else the whole job; a model whose ranks hold different
+    parts of it (`ranks_hold_different_weights`) is saved on every rank, each
+    its own part, without a collective. In a process outside any MPI job it
+    is `model.save` with an atomic file.
 
     Args:
         model: the Keras model.
         filepath: a `.keras` path (or what `model.save` accepts).
         overwrite: as for `model.save`.
         **kwargs: passed to `model.save`.
+
+    Raises:
+        RuntimeError: on the other ranks, when the writing rank failed to
+            write the file (naming that rank and its error); the writing rank
+            raises its own error.
 
     Example:
 
@@ -69,7 +81,14 @@ def save_model(model, filepath, overwrite=True, **kwargs):
 
 def save_weights(model, filepath, overwrite=True, **kwargs):
     """`model.save_weights(filepath)` for a model trained on several ranks; call it on
-    every rank. One rank writes the file, as in `save_model`."""
+    every rank.
+
+    Written as `save_model` writes: the lowest rank of those given the same
+    path writes the file, atomically, and every rank returns once it is
+    complete; a failed write raises the writer's error there and
+    `RuntimeError` naming the writer and its error on the other ranks.
+    `overwrite` and `**kwargs` are passed to `model.save_weights`.
+    """
     _save_collectively(model, filepath, lambda target: model.save_weights(
         target, overwrite=overwrite or target != filepath, **kwargs))
 
@@ -370,11 +389,15 @@ def _real(model):
 class ModelCheckpoint(_OnTheWriter, keras.callbacks.ModelCheckpoint):
     """`keras.callbacks.ModelCheckpoint` that writes each file once, whole, on one rank.
 
-    Takes Keras's arguments. On several ranks, the lowest rank of those given
-    the same `filepath` writes; each file appears whole (written beside its
-    path and renamed into place), and `fit` returns on no rank before the
-    last file is in place. On one process it is Keras's callback with
-    atomic files.
+    A subclass of Keras's callback, with Keras's arguments and behaviour. On
+    several ranks, the lowest rank of those given the same `filepath`
+    template writes; each file appears whole (written beside its path and
+    renamed into place), and `fit` returns on no rank before the last file is
+    in place. When training begins it asks the ranks which paths they hold
+    (one small collective among the ranks that train the model), so put it on
+    every rank; in a `fit` run through `Agreement.around`, the agreement has
+    asked already and a callback that rank 0 alone holds is fine. On one
+    process it is Keras's callback with atomic files.
 
     Example:
 
@@ -387,8 +410,16 @@ class BackupAndRestore(_OnTheWriter, keras.callbacks.BackupAndRestore):
     """`keras.callbacks.BackupAndRestore` for several ranks: one rank writes the backup
     (atomically), and resuming restores it on that rank and broadcasts it to the others.
 
-    Takes Keras's arguments. Ranks given the same `backup_dir` resume alike
-    even when only rank 0 can see the directory.
+    A subclass of Keras's callback, with Keras's arguments. Of the ranks given
+    the same `backup_dir`, the lowest writes the backup. When training
+    begins, that rank restores it (with Keras's repair of a damaged backup)
+    and broadcasts the weights, the optimizer's state and the epoch to
+    continue at, so ranks that cannot see `backup_dir` resume alike. When
+    every rank is given the same `backup_dir`, a failed restore raises on
+    every rank: the writer's error there, `RuntimeError` naming it on the
+    others. As for `ModelCheckpoint`, the ranks tell each other which
+    directories they hold when training begins, so put it on every rank (or
+    run `fit` through `Agreement.around`).
 
     Example:
 
@@ -446,8 +477,18 @@ def writes_on_every_rank(callback):
 
 def writing_once(callback):
     """`callback` (a `keras.callbacks.ModelCheckpoint` or `BackupAndRestore`) run so
-    that each of its files is written once, whole, by one rank: what kdist's own
-    `ModelCheckpoint` and `BackupAndRestore` do. The callback itself is not changed."""
+    that each of its files is written once, whole, by one rank.
+
+    Returns a callback to put in `fit`'s list in place of `callback`, which
+    then behaves as kdist's own `ModelCheckpoint` or `BackupAndRestore`; the
+    callback itself is not changed. `Agreement.around` does this by itself
+    for the Keras saving callbacks in its list.
+
+    Raises:
+        TypeError: `callback` is another callback, or kdist's own
+            `ModelCheckpoint` or `BackupAndRestore` (which write once
+            already).
+    """
     if not writes_on_every_rank(callback):
         raise TypeError("writing_once takes a keras.callbacks.ModelCheckpoint or "
                         f"BackupAndRestore (not kdist's own); got {type(callback).__name__}.")

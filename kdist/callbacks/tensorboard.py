@@ -17,11 +17,16 @@ class TensorBoard(keras.callbacks.TensorBoard):
     `step_time/rank_<r>` (seconds) with `step_time/slowest_over_fastest`,
     the straggler ratio, next to Keras's own scalars. Other ranks write
     nothing, so all ranks may share one `log_dir`. Put it on every rank:
-    the gather is collective.
+    the gather is collective. Each epoch's first step is left out of its
+    mean when the epoch has others (a `fit`'s first step includes tracing).
 
     Args:
         log_dir: as for `keras.callbacks.TensorBoard`.
         **kwargs: the other arguments of `keras.callbacks.TensorBoard`.
+
+    Attributes:
+        last_step_times: on every rank, the last epoch's mean step time of
+            each rank, `{rank: seconds}`.
 
     Example:
 

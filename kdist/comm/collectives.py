@@ -65,9 +65,44 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="", compressi
               process_set=None, ignore_name_scope=False, comm=None):
     """Reduces a value across ranks: Average (default), Sum, Min, Max or Product.
 
-    `prescale_factor` multiplies each rank's value before the reduction and
-    `postscale_factor` the result. An average divides by the number of ranks
-    that contributed (ranks that have joined with `kdist.join` do not count).
+    Returns a numpy array for a numpy array (or anything else numpy takes), a tensor for a
+    tensor, shaped like the input. An average divides by the number of ranks that
+    contributed: ranks that have joined with `kdist.join` do not count.
+
+    Integers are averaged as Horovod averages them: summed, divided by the number of
+    ranks and truncated toward zero (`[3]` and `[6]` on two ranks give `[4]`);
+    `prescale_factor` and `postscale_factor` scale integers in float64 and truncate
+    back, as Horovod does. Arrays that are not numeric raise `TypeError`.
+
+    A `tf.IndexedSlices` (an embedding's gradient) is reduced as Horovod reduces it, by
+    allgathering its indices and values (the values divided by the number of ranks for
+    Average). It takes Sum or Average only, and no scaling: anything else raises
+    `kdist.comm.collectives.UnsupportedSparseReduction`, both a `NotImplementedError`
+    (as in Horovod) and a `ValueError`.
+
+    Gradients flow through Sum and Average: the gradient is the same allreduce of the
+    upstream gradient. Min, Max and Product have no gradient (`ValueError` when one is
+    taken).
+
+    Args:
+        tensor: a numpy array (or a list, a number) or a TensorFlow tensor, variable or
+            `tf.IndexedSlices`.
+        average: Horovod's older switch: `True` means `op=kdist.Average`, `False`
+            `op=kdist.Sum`. Pass `average` or `op`, not both (`ValueError`).
+        compression: a `kdist.Compression` mode (or its name or config) for floating
+            tensors reduced with Sum or Average; numpy arrays travel as they are. Called
+            this way, top-k keeps no residual between calls.
+        op: `kdist.Average` (the default), `kdist.Sum`, `kdist.Min`, `kdist.Max` or
+            `kdist.Product`. `kdist.Adasum` and any other value raise `ValueError`.
+        prescale_factor: multiplies each rank's value before the reduction.
+        postscale_factor: multiplies the result.
+        name: labels the collective in error messages, stall reports and the timeline.
+        process_set: a registered `kdist.ProcessSet` to run on instead of the world.
+        comm: a `kdist.comm.Communicator` to run on instead of the world (not with
+            `process_set`: passing both raises `ValueError`).
+        device_dense: accepted for compatibility; no effect (kdist reduces on the host).
+        device_sparse: accepted for compatibility; no effect.
+        ignore_name_scope: accepted for compatibility; no effect.
 
     Example:
 
@@ -151,7 +186,13 @@ def _allreduce_sparse(slices, op, comm):
 def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="",
                       compression=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
                       process_set=None, name=None, comm=None):
-    """Reduces a list of values in one fused collective; returns them in order.
+    """Reduces a list of values as `kdist.allreduce` does; returns them in order.
+
+    The values are fused by dtype, as the optimizer's buckets are: one collective per
+    dtype (for numpy arrays reduced with Min, Max or Product, one per value).
+    `tf.IndexedSlices` in the list are reduced by allgather, as `allreduce` reduces
+    them. Gradients flow through it as through `allreduce`. The arguments are
+    `allreduce`'s, with `tensors` a list.
 
     Example:
 
@@ -204,7 +245,24 @@ def _numpy_grouped(arrays, op, comm, prescale, postscale, label):
 
 def broadcast(tensor, root_rank=0, name=None, process_set=None, ignore_name_scope=False,
               comm=None):
-    """Returns `root_rank`'s value of `tensor` on every rank."""
+    """Returns `root_rank`'s value of `tensor` on every rank.
+
+    Gradients flow through it: the root gets the upstream gradient averaged over the
+    ranks, the other ranks zero.
+
+    Args:
+        tensor: a numpy array or a TensorFlow tensor, the same shape and dtype on every
+            rank.
+        root_rank: the rank whose value every rank receives. With `process_set=`, as in
+            Horovod, a rank of the whole job that must be one of the set's; with `comm=`,
+            a rank of that communicator. A rank outside them raises `ValueError`, one
+            that is not an integer `TypeError`.
+        name: labels the collective in error messages, stall reports and the timeline.
+        process_set: a registered `kdist.ProcessSet` to run on instead of the world.
+        comm: a `kdist.comm.Communicator` to run on instead of the world (not with
+            `process_set`: passing both raises `ValueError`).
+        ignore_name_scope: accepted for compatibility; no effect.
+    """
     comm = resolve_comm(comm, process_set)
     root_rank = root_within(root_rank, comm, process_set)
     if not _is_tensor(tensor):
@@ -217,7 +275,33 @@ def broadcast(tensor, root_rank=0, name=None, process_set=None, ignore_name_scop
 
 
 def allgather(tensor, name=None, process_set=None, ignore_name_scope=False, comm=None):
-    """Concatenates every rank's value along the first axis (sizes may differ)."""
+    """Concatenates every rank's value along the first axis, in rank order.
+
+    The first dimension may differ between ranks; other dimensions or dtypes that differ
+    are a mismatch (see `kdist.comm.CollectiveMismatch`). Scalars raise `ValueError`. In
+    a graph the result's first dimension is unknown. Under XLA the result's shape is
+    fixed when the function is compiled (the number of ranks times this rank's rows),
+    so every rank must give the same number of rows (an error says so otherwise); a
+    rank that has joined (`kdist.join`) gives none, and zeros fill the rows it would
+    have sent, at the end.
+
+    Gradients flow through it: the upstream gradient is averaged over the ranks and
+    sliced back to this rank's rows.
+
+    Args:
+        tensor: a numpy array or a TensorFlow tensor of at least one dimension.
+        name: labels the collective in error messages, stall reports and the timeline.
+        process_set: a registered `kdist.ProcessSet` to run on instead of the world.
+        comm: a `kdist.comm.Communicator` to run on instead of the world (not with
+            `process_set`: passing both raises `ValueError`).
+        ignore_name_scope: accepted for compatibility; no effect.
+
+    Example:
+
+        >>> import numpy as np, kdist
+        >>> kdist.allgather(np.array([[1, 2]])).tolist()  # one process: its own rows
+        [[1, 2]]
+    """
     comm = resolve_comm(comm, process_set)
     if not _is_tensor(tensor):
         return comm.allgather_rows(np.asarray(tensor), label=name or "")
@@ -229,7 +313,7 @@ def allgather(tensor, name=None, process_set=None, ignore_name_scope=False, comm
 
 def grouped_allgather(tensors, name=None, process_set=None, ignore_name_scope=False,
                       comm=None):
-    """`allgather` of each value of a list; returns the gathered values in order.
+    """`kdist.allgather` of each value of a list; returns the gathered values in order.
 
     Example:
 
@@ -244,11 +328,34 @@ def grouped_allgather(tensors, name=None, process_set=None, ignore_name_scope=Fa
 
 def alltoall(tensor, splits=None, name=None, process_set=None, ignore_name_scope=False,
              comm=None):
-    """Sends `splits[i]` rows of `tensor` to rank i and returns the rows received.
+    """Sends `splits[i]` consecutive rows of `tensor` to rank i; returns the rows received.
 
-    Without `splits` the rows are split equally (their number must divide by
-    the number of ranks) and only the received rows are returned; with
-    `splits`, also how many rows came from each rank, as Horovod does.
+    Without `splits` the rows are split equally and only the received rows, in rank
+    order, are returned. With `splits` it returns `(received, received_splits)`, the
+    second holding how many rows came from each rank, as Horovod does.
+
+    Gradients flow through it: each row's gradient goes back to the rank it came from.
+    Its result's shape is known only when it runs, so it cannot be compiled with XLA
+    (`ValueError`). On tensors it always runs in Python (a py-function op in a graph).
+
+    Args:
+        tensor: a numpy array or a TensorFlow tensor of at least one dimension.
+        splits: one non-negative row count per rank, adding up to the number of rows
+            (`ValueError` otherwise). Without it the number of rows must divide by the
+            number of ranks: `ValueError` otherwise, for tensors TensorFlow's
+            `InvalidArgumentError`, which is a `ValueError` too; a tensor whose rows are
+            known only when it runs is checked then.
+        name: labels the collective in error messages, stall reports and the timeline.
+        process_set: a registered `kdist.ProcessSet` to run on instead of the world.
+        comm: a `kdist.comm.Communicator` to run on instead of the world (not with
+            `process_set`: passing both raises `ValueError`).
+        ignore_name_scope: accepted for compatibility; no effect.
+
+    Example:
+
+        >>> import numpy as np, kdist
+        >>> kdist.alltoall(np.arange(4)).tolist()  # one process: every row stays
+        [0, 1, 2, 3]
     """
     comm = resolve_comm(comm, process_set)
     rows = np.shape(tensor)[0] if np.ndim(tensor) else 0
@@ -302,8 +409,25 @@ def reducescatter(tensor, device_dense="", compression=None, op=Average, name=No
                   postscale_factor=1.0, comm=None):
     """Reduces `tensor` across ranks and gives each rank its block of rows.
 
-    Rank r receives rows `[start_r, start_r + n_r)` where the first
-    `rows % size` ranks get one row more, as in Horovod.
+    Of `n` rows, the first `n % size` ranks get `n // size + 1` rows and the others
+    `n // size`, in rank order, as in Horovod. It is an allreduce of the whole tensor
+    (as `kdist.allreduce` reduces it, with the same arguments) followed by the slice.
+    Scalars raise `ValueError`. Gradients flow through it: the gradient is gathered
+    from every rank's block.
+
+    Args:
+        tensor: a numpy array or a TensorFlow tensor of at least one dimension.
+        op: `kdist.Average` (the default), `kdist.Sum`, `kdist.Min`, `kdist.Max` or
+            `kdist.Product`.
+        compression: a `kdist.Compression` mode for floating tensors (Sum or Average).
+        prescale_factor: multiplies each rank's value before the reduction.
+        postscale_factor: multiplies the result.
+        name: labels the collective in error messages, stall reports and the timeline.
+        process_set: a registered `kdist.ProcessSet` to run on instead of the world.
+        comm: a `kdist.comm.Communicator` to run on instead of the world (not with
+            `process_set`: passing both raises `ValueError`).
+        device_dense: accepted for compatibility; no effect (kdist reduces on the host).
+        ignore_name_scope: accepted for compatibility; no effect.
 
     Example:
 
@@ -336,7 +460,12 @@ def reducescatter(tensor, device_dense="", compression=None, op=Average, name=No
 def grouped_reducescatter(tensors, device_dense="", compression=None, op=Average, name=None,
                           process_set=None, ignore_name_scope=False, prescale_factor=1.0,
                           postscale_factor=1.0, comm=None):
-    """`reducescatter` of each value of a list, reduced in one fused collective per dtype.
+    """`kdist.reducescatter` of each value of a list, reduced in one fused collective per
+    dtype.
+
+    Each value is split into blocks of rows as `reducescatter` splits it, and gradients
+    flow through it as through `reducescatter`. The arguments are `reducescatter`'s,
+    with `tensors` a list; a scalar among them raises `ValueError`.
 
     Example:
 
@@ -368,7 +497,11 @@ def grouped_reducescatter(tensors, device_dense="", compression=None, op=Average
 
 
 def broadcast_object(obj, root_rank=0, name=None, process_set=None, comm=None):
-    """Returns `root_rank`'s picklable object on every rank."""
+    """Returns `root_rank`'s picklable object on every rank.
+
+    `root_rank` is read as `kdist.broadcast` reads it (a rank of the whole job with
+    `process_set=`, of `comm` with `comm=`). `name` has no effect.
+    """
     comm = resolve_comm(comm, process_set)
     return comm.bcast_object(obj, root=root_within(root_rank, comm, process_set))
 
@@ -376,7 +509,8 @@ def broadcast_object(obj, root_rank=0, name=None, process_set=None, comm=None):
 def broadcast_object_fn(root_rank=0, session=None, name=None, process_set=None, comm=None):
     """Horovod's factory: a function of one object that returns `root_rank`'s object.
 
-    `session` (TensorFlow 1) is accepted and ignored.
+    The function calls `kdist.broadcast_object` with these arguments. `session`
+    (TensorFlow 1) and `name` are accepted and ignored.
     """
     def broadcast_one(obj):
         return broadcast_object(obj, root_rank=root_rank, process_set=process_set, comm=comm)
@@ -385,12 +519,22 @@ def broadcast_object_fn(root_rank=0, session=None, name=None, process_set=None, 
 
 
 def allgather_object(obj, name=None, process_set=None, comm=None):
-    """Returns the list of every rank's picklable object, in rank order."""
+    """Returns the list of every rank's picklable object, in rank order.
+
+    A rank that has joined (`kdist.join`) cannot take part: the job ends with a message
+    saying so. `name` has no effect.
+
+    Example:
+
+        >>> import kdist
+        >>> kdist.allgather_object({"rank": kdist.rank()})  # one process
+        [{'rank': 0}]
+    """
     return resolve_comm(comm, process_set).allgather_object(obj)
 
 
 def barrier(process_set=None, comm=None):
-    """Waits until every rank has reached this call."""
+    """Returns when every rank (of the world, the process set or `comm`) has called it."""
     resolve_comm(comm, process_set).barrier()
 
 
@@ -416,10 +560,28 @@ def root_within(root_rank, comm, process_set=None):
 def broadcast_variables(variables, root_rank=0, process_set=None, comm=None):
     """Sets every variable to its value on `root_rank`, checking that models match.
 
-    Before any bytes move, every rank compares the names, shapes and dtypes of
-    its variables with the root's; a mismatch raises `ValueError` on every rank
+    Eagerly, before any bytes move, every rank compares the names, shapes and dtypes
+    of its variables with the root's; a mismatch raises `ValueError` on every rank
     naming the first variable that differs, instead of corrupting weights or
-    hanging.
+    hanging. The variables then travel in one broadcast per dtype. Returns None.
+
+    Inside a `tf.function` (Horovod's first-batch pattern: `if first_batch:
+    hvd.broadcast_variables(model.variables, root_rank=0)` in the train step) it
+    becomes one broadcast op per dtype and the assignments, and returns their group;
+    it works under XLA. There the names are not compared (that would need a
+    collective while tracing); a rank whose variables hold another number of values
+    or another dtype still fails on every rank, as any mismatched collective does.
+
+    ```python
+    kdist.broadcast_variables(model.variables + model.optimizer.variables, root_rank=0)
+    ```
+
+    Args:
+        variables: Keras variables or `tf.Variable`s, in the same order on every rank.
+        root_rank: the rank whose values every rank takes, read as `kdist.broadcast`
+            reads it.
+        process_set: a registered `kdist.ProcessSet` to run on instead of the world.
+        comm: a `kdist.comm.Communicator` to run on instead of the world.
     """
     comm = resolve_comm(comm, process_set)
     root_rank = root_within(root_rank, comm, process_set)
@@ -479,6 +641,9 @@ def _broadcast_variables_in_graph(variables, root_rank, comm):
 def broadcast_(variables, root_rank=0, name=None, process_set=None, comm=None):
     """Horovod's in-place broadcast: sets each variable to `root_rank`'s value and
     returns the new values (as tensors), eagerly or inside `tf.function`.
+
+    It is `kdist.broadcast_variables` (with its checks), then the variables' values.
+    `name` has no effect.
 
     Example:
 

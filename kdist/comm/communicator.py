@@ -14,11 +14,23 @@ from kdist.comm import timeline
 from kdist.comm import watchdog
 
 Average = "average"
+"""The sum divided by the number of ranks that contributed (ranks that have joined with
+`kdist.join` do not count): the default of `kdist.allreduce` and `DistributedOptimizer`.
+Integers are summed, divided by the number of ranks and truncated toward zero, as Horovod
+averages them."""
 Sum = "sum"
+"""The element-wise sum over the ranks."""
 Min = "min"
+"""The element-wise minimum over the ranks (no gradient)."""
 Max = "max"
+"""The element-wise maximum over the ranks (no gradient)."""
 Product = "product"
+"""The element-wise product over the ranks (no gradient)."""
 Adasum = "adasum"
+"""Horovod's adaptive summation, which kdist does not implement: the name exists so that
+Horovod scripts import, but `kdist.allreduce(op=kdist.Adasum)` and
+`DistributedOptimizer(op=kdist.Adasum)` raise `ValueError`. Use `kdist.Average` or
+`kdist.Sum`."""
 REDUCE_OPS = (Average, Sum, Min, Max, Product)
 _PROTOCOL_OPS = {Average: protocol.SUM, Sum: protocol.SUM, Min: protocol.MIN,
                  Max: protocol.MAX, Product: protocol.PRODUCT}
@@ -43,10 +55,35 @@ def protocol_op(op):
 class Communicator:
     """A group of processes that run collectives together.
 
-    Wraps an `mpi4py.MPI.Comm`, or nothing for a world of one process. All
-    methods take and return numpy arrays; `kdist.comm.collectives` adds the
-    TensorFlow side. Every rank of the group must call each collective, in
-    the same order.
+    Wraps an `mpi4py.MPI.Comm`, or nothing for a world of one process. Its methods
+    take and return numpy arrays; the top-level collectives (`kdist.allreduce`, ...)
+    add the TensorFlow side and take a `Communicator` as `comm=` to run on its ranks
+    instead of the world's. `kdist.comm.world()`, `local()` and `cross()` return
+    kdist's own; `split` and `create` make sub-communicators.
+
+    Every rank of the group must call each collective method, in the same order.
+    Each is announced first (see `kdist.comm.CollectiveMismatch`) and shows in stall
+    reports while it waits; the array methods take a `label` that names them there
+    and in error messages. Collectives on one communicator run one at a time, guarded
+    by its `lock`, because TensorFlow may call them from several threads. Copies
+    (`copy.copy`, `copy.deepcopy`) are the same object: a handle on a group of
+    processes.
+
+    A communicator of the even ranks and one of the odd ones (every rank calls
+    `split`):
+
+    ```python
+    sub = kdist.comm.world().split(color=kdist.rank() % 2)
+    total = kdist.allreduce(np.array([1.0]), op=kdist.Sum, comm=sub)
+    ```
+
+    Args:
+        mpi_comm: the `mpi4py.MPI.Comm` to wrap; None for a world of one process.
+
+    Attributes:
+        rank: this process's index in the group.
+        size: the number of processes in the group.
+        lock: the reentrant lock that each collective holds while it runs.
     """
 
     def __init__(self, mpi_comm=None):
@@ -73,11 +110,16 @@ class Communicator:
 
     @property
     def fortran_handle(self):
-        """The communicator's MPI Fortran handle, which C and C++ code can convert back."""
+        """The communicator's MPI Fortran handle, an integer that C and C++ code can convert
+        back (kdist's C++ ops take it as their `comm`); None in a world of one."""
         return None if self._comm is None else self._comm.py2f()
 
     def split(self, color, key=None):
-        """Returns the sub-communicator of the ranks that passed the same color."""
+        """Returns the sub-communicator of the ranks that passed the same `color`.
+
+        Its ranks are ordered by `key` (default: this rank in this group). Every rank of
+        the group must call it.
+        """
         if self._comm is None:
             return Communicator(None)
         with self.lock:
@@ -85,8 +127,8 @@ class Communicator:
                                                  self.rank if key is None else int(key)))
 
     def create(self, ranks):
-        """The communicator of `ranks` (every rank of this group must call it), or None
-        on ranks that are not among them."""
+        """The communicator of `ranks` (ranks of this group), or None on the ranks that
+        are not among them. Every rank of the group must call it."""
         if self._comm is None:
             return Communicator(None)
         with self.lock:
@@ -98,7 +140,8 @@ class Communicator:
         return None if created == MPI.COMM_NULL else Communicator(created)
 
     def shrink(self):
-        """The communicator of the ranks still alive (Open MPI with `--with-ft ulfm`).
+        """The communicator of the ranks still alive, under Open MPI's fault tolerance
+        (`kdist run --fault-tolerant`, or `mpiexec --with-ft ulfm`).
 
         Every surviving rank must call it. Without failures it is a copy.
         """
@@ -125,6 +168,7 @@ class Communicator:
             self._packed = {}
 
     def free(self):
+        """Releases the MPI communicator (no collective works on this object afterwards)."""
         if self._comm is not None:
             from kdist.comm import native
 
@@ -147,6 +191,7 @@ class Communicator:
             protocol.announce(self._comm, kind, dtype, op, count, root, what)
 
     def barrier(self):
+        """Returns when every rank of the group has called it."""
         if self._comm is None:
             return
         with self.lock:
@@ -156,10 +201,12 @@ class Communicator:
                 self._comm.Barrier()
 
     def allreduce_(self, array, op=Sum, label=""):
-        """Reduces a contiguous numpy array in place across the group.
+        """Reduces a C-contiguous numpy array in place across the group; returns it.
 
-        `Average` divides by the number of ranks that contributed: ranks that
-        have joined (`kdist.join`) are not counted.
+        Note that the default here is `Sum`, not `kdist.allreduce`'s `Average`. `Average`
+        divides by the number of ranks that contributed (ranks that have joined with
+        `kdist.join` are not counted) and needs floating values (`TypeError`
+        otherwise). An array that is not C-contiguous raises `ValueError`.
         """
         op = reduce_op(op)
         if not array.flags.c_contiguous:
@@ -202,7 +249,8 @@ class Communicator:
         """Reduces a list of arrays of one dtype in one collective.
 
         Returns new arrays: `reduce(a * prescale) * postscale`, divided by the
-        number of contributing ranks with `average`.
+        number of contributing ranks with `average`. Arrays of several dtypes raise
+        `TypeError`, and so does averaging or scaling values that are not floating.
         """
         arrays = [np.asarray(a) for a in arrays]
         dtype = arrays[0].dtype if arrays else np.dtype(np.float32)
@@ -260,7 +308,11 @@ class Communicator:
         return buffer[:count]
 
     def bcast_(self, array, root=0, label=""):
-        """Broadcasts a contiguous numpy array in place from `root`."""
+        """Broadcasts a contiguous numpy array in place from rank `root`; returns it.
+
+        A `root` that is not a rank of the group raises `ValueError`, one that is not
+        an integer `TypeError`.
+        """
         self._check_root(root)
         if self._comm is None:
             return array
@@ -274,7 +326,11 @@ class Communicator:
         return array
 
     def allgather_rows(self, array, label=""):
-        """Concatenates arrays along axis 0; the first dimension may differ by rank."""
+        """Concatenates every rank's array along axis 0, in rank order.
+
+        The first dimension may differ by rank; the others and the dtype must not.
+        Scalars raise `ValueError`.
+        """
         if np.ndim(array) == 0:
             raise ValueError("allgather needs arrays of at least one dimension; got a scalar.")
         array = np.ascontiguousarray(array)
@@ -294,8 +350,12 @@ class Communicator:
         return out
 
     def alltoallv(self, array, splits, label=""):
-        """Sends `splits[i]` consecutive rows of `array` to rank i; returns the rows
-        received (in rank order) and how many came from each rank."""
+        """Sends `splits[i]` consecutive rows of `array` to rank i.
+
+        Returns `(received, received_splits)`: the rows received, in rank order, and how
+        many came from each rank. `splits` must hold one non-negative count per rank,
+        adding up to the number of rows (`ValueError` otherwise).
+        """
         array = np.ascontiguousarray(array)
         splits = np.asarray(splits, dtype=np.int64).reshape(-1)
         if splits.size != self.size or (splits < 0).any() or splits.sum() != array.shape[0]:
@@ -329,6 +389,7 @@ class Communicator:
                 return self._comm.allgather(obj)
 
     def bcast_object(self, obj, root=0):
+        """Returns rank `root`'s picklable object on every rank of the group."""
         self._check_root(root)
         if self._comm is None:
             return obj
@@ -346,6 +407,8 @@ class Communicator:
                              f"(ranks 0 to {self.size - 1}).")
 
     def abort(self, code=1):
+        """Ends every process of the job (`MPI_Abort`) with exit code `code`. To say why
+        as well, use `kdist.comm.abort`."""
         if self._comm is not None:
             self._comm.Abort(code)
         import os

@@ -191,16 +191,61 @@ def _by_dtype(tensors, reduce_group):
 class Compression:
     """The gradient compression modes, named as in Horovod.
 
+    For the `compression=` of `DistributedOptimizer`, `MPIStrategy`,
+    `kdist.comm.TensorReducer` and the reducing collectives (`kdist.allreduce`,
+    `grouped_allreduce`, `reducescatter`, `grouped_reducescatter`):
+
+    - `Compression.none` (the default): the tensors travel as they are.
+    - `Compression.fp16`: float16 on the wire, half the bytes of float32, summed in
+      float16 (divided by the number of ranks first when averaging, which keeps the sum
+      in range) and returned in each tensor's dtype.
+    - `Compression.topk(ratio=0.01)`: each rank sends its largest `ratio` fraction of
+      entries, as (index, value) pairs gathered from every rank; the rest is kept as a
+      residual and added to its next gradient (error feedback), so nothing is lost,
+      only delayed.
+
+    `compression=` also takes a mode's name (`"none"`, `"fp16"`, `"topk"`) or its
+    config (`{"name": "topk", "ratio": 0.05}`); anything else raises `ValueError`.
+    When to use which: "Compression" in the data-parallel guide.
+
+    A mode works in TensorFlow ops around kdist's collectives, so it runs eagerly, in
+    graphs and under XLA. Every mode has:
+
+    - `reduce(tensors, comm, average, prescale=1.0, postscale=1.0, label="",
+      key=None)`: sums (or averages, over the ranks that contributed) a list of
+      floating tensors over a `kdist.comm.Communicator`, returning
+      `reduce(t * prescale) * postscale` for each; `key` names the list whose residual
+      top-k keeps (None: keep none);
+    - Horovod's compressor interface: `compress(tensor)` returns `(the tensor as sent,
+      context)` and `decompress(tensor, context)` undoes it. `fp16` casts floating
+      tensors to float16 and back and leaves the others alone; `none` changes
+      nothing; top-k, which works inside the reduction, raises `NotImplementedError`;
+    - `name` (`"none"`, `"fp16"`, `"topk"`) and `get_config()`.
+
+    `Compression.topk` is itself a top-k compressor with `ratio=0.01`; calling it
+    returns one with another ratio, which must satisfy `0 < ratio <= 1`
+    (`ValueError`). A top-k compressor has `ratio` and `residual(key)`: the residual
+    kept for a key, a float32 `tf.Variable`, or None before first use.
+
     Example:
 
-        >>> import keras, kdist
+        >>> import kdist
+        >>> kdist.Compression.topk(ratio=0.05).ratio
+        0.05
+        >>> kdist.Compression.fp16.get_config()
+        {'name': 'fp16'}
+        >>> import keras
         >>> opt = kdist.DistributedOptimizer(keras.optimizers.SGD(0.1),
         ...                                  compression=kdist.Compression.fp16)
     """
 
     none = NoneCompressor()
+    """The tensors travel as they are."""
     fp16 = FP16Compressor()
+    """The tensors travel and are summed as float16, and come back in their own dtype."""
     topk = TopKCompressor()
+    """Top-k sparsification with error feedback, `ratio=0.01`; `Compression.topk(ratio)`
+    gives another ratio."""
 
 
 def get(identifier):

@@ -32,10 +32,19 @@ def user_threads(environ=None):
 
 
 def intra_op_threads(local_core_sets, environ=None, local_rank=0):
-    """Threads for one rank, given the cores each rank on this node may use.
+    """The intra-op thread count `kdist.init()` gives a rank.
 
-    Ranks bound to cores of their own use all of theirs; ranks that share a
-    set of cores (no binding, or a job's cpuset) split it evenly.
+    A positive integer in `TF_NUM_INTRAOP_THREADS`, or else in `OMP_NUM_THREADS`, wins.
+    Otherwise ranks bound to disjoint cores use all of theirs, and ranks whose cores
+    overlap (no binding, or a job's cpuset) split the cores they can use evenly, at
+    least 1 each.
+
+    Args:
+        local_core_sets: the cores each rank on this node may run on, one list of core
+            numbers per local rank; `init` gathers each rank's `allowed_cores()`, its
+            CPU affinity.
+        environ: the environment to read; `os.environ` by default.
+        local_rank: this rank's index in `local_core_sets`.
 
     >>> intra_op_threads([[0, 1], [2, 3, 4]], environ={}, local_rank=1)
     3

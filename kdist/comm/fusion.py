@@ -55,6 +55,12 @@ def plan_buckets(sizes, bucket_bytes=DEFAULT_BUCKET_BYTES, itemsize=4):
     Returns a list of `(start, stop)` index ranges. A tensor larger than the
     bucket gets a bucket of its own.
 
+    Args:
+        sizes: each tensor's number of elements, in order.
+        bucket_bytes: the most bytes per bucket; 64 MiB by default. It must be
+            positive (`ValueError`).
+        itemsize: the bytes per element.
+
     >>> plan_buckets([10, 10, 10], bucket_bytes=80)
     [(0, 2), (2, 3)]
     """

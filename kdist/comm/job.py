@@ -58,47 +58,58 @@ def host_of(rank):
 
 
 def is_initialized():
+    """True once `kdist.init()` has run (explicitly, or implicitly by the first function
+    that needs the process world) and `kdist.shutdown()` has not run since."""
     return _state.initialized
 
 
 def world():
-    """The world `Communicator`, initialising kdist on first use."""
+    """The `kdist.comm.Communicator` of the whole job (kdist's own duplicate of the world
+    communicator). Starts kdist on first use."""
     return _started().world
 
 
 def local():
+    """The `kdist.comm.Communicator` of the job's ranks on this node. Starts kdist on
+    first use."""
     return _started().local
 
 
 def cross():
+    """The `kdist.comm.Communicator` of the ranks that have this rank's local rank, one on
+    each node. Starts kdist on first use."""
     return _started().cross
 
 
 def size():
-    """Number of processes in the job."""
+    """The number of processes in the job. Starts kdist on first use."""
     return world().size
 
 
 def rank():
-    """This process's index in the job, from 0 to `size() - 1`."""
+    """This process's index in the job, from 0 to `size() - 1`. Starts kdist on first use."""
     return world().rank
 
 
 def local_size():
-    """Number of processes of the job on this node."""
+    """The number of the job's processes on this node. Starts kdist on first use."""
     return local().size
 
 
 def local_rank():
-    """This process's index among the job's processes on this node."""
+    """This process's index among the job's processes on this node, from 0 to
+    `local_size() - 1`. Use it for anything there is one of per node: a GPU, a scratch
+    directory. Starts kdist on first use."""
     return local().rank
 
 
 def cross_size():
-    """Number of nodes that hold a process with this process's local rank."""
+    """The number of nodes that hold a process with this process's local rank. Starts
+    kdist on first use."""
     return cross().size
 
 
 def cross_rank():
-    """Index of this process's node among those."""
+    """The index of this process's node among the `cross_size()` nodes that hold a process
+    with this process's local rank. Starts kdist on first use."""
     return cross().rank

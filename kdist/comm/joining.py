@@ -23,9 +23,26 @@ logger = logging.getLogger(__name__)
 def join(comm=None):
     """Takes part in the other ranks' collectives until every rank has joined.
 
+    A rank that has run out of data calls it. Until every rank has joined, it takes
+    part in whatever collectives the other ranks announce, with neutral values: zeros
+    in a sum (an average counts only the ranks that contributed), the identity of Min,
+    Max and Product, no rows in an allgather or alltoall; it receives broadcasts and
+    passes barriers. It therefore follows any step pattern: several optimizers, a GAN
+    with `d_steps != g_steps`, gradient accumulation, explicit fusion groups, sparse
+    gradients gathered by allgather.
+
     Returns the rank that joined last. The ranks that joined early missed
     updates: copy the model from the returned rank (kdist's callbacks do this
-    for you at the end of each epoch).
+    for you at the end of each epoch). A collective that a joined rank cannot take
+    part in (`kdist.allgather_object`, or a broadcast from the joined rank itself)
+    ends the job with a message saying so. A rank whose script ends instead of joining
+    makes `join` raise `kdist.comm.CollectiveMismatch` on the ranks that wait in it,
+    naming that rank. In a world of one it returns at once. See "Uneven data and
+    join" in the data-parallel guide.
+
+    Args:
+        comm: the `kdist.comm.Communicator` whose collectives to follow; the world by
+            default. Unlike the other collectives it takes no `process_set=`.
 
     Example:
 

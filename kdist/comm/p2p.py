@@ -5,7 +5,11 @@ whichever peer's message lands first; a client sends one buffer to each of
 its servers and waits for their replies (`exchange`). Buffers are numpy
 arrays that MPI reads and writes in place, so a message of any size costs no
 extra copy in Python.
-Small picklable objects (per-epoch logs) travel beside them on another tag.
+Small picklable objects (per-epoch logs) travel beside them on another tag
+(`send_object`, `recv_object`). Every wait shows in the watchdog's stall reports and
+counts towards `KDIST_COLLECTIVE_TIMEOUT`, and a long wait sleeps between tests
+instead of holding a core. Everything here needs an MPI job of at least 2 ranks
+(`ValueError` in a world of one).
 
 Under Open MPI's fault tolerance (`mpiexec --with-ft ulfm`), a peer that dies
 surfaces as `PeerFailed` naming it, so a server can carry on without it. The
@@ -87,7 +91,9 @@ class Mailbox:
     def wait_any(self):
         """Blocks until some peer's message arrived; returns that peer.
 
-        Returns None when no receive is outstanding any more.
+        Returns None when no receive is outstanding any more. Under Open MPI's fault
+        tolerance, raises `PeerFailed` (with `.ranks`) when peers died; their
+        receives are dropped.
         """
         MPI = _mpi()
         try:
@@ -115,7 +121,12 @@ class Mailbox:
 
 
 class Outbox:
-    """Non-blocking sends, at most one in flight per peer."""
+    """Non-blocking sends, at most one in flight per peer.
+
+    Args:
+        comm: the `kdist.comm.Communicator` the peers belong to.
+        tag: the MPI tag to send with.
+    """
 
     def __init__(self, comm, tag):
         self._comm = _raw(comm)
@@ -139,6 +150,7 @@ class Outbox:
         self._requests[peer] = self._comm.Isend(_bytes(buffer), dest=peer, tag=self.tag)
 
     def flush(self):
+        """Returns once every send in flight has finished."""
         for peer, request in self._requests.items():
             _wait(request, f"sending to rank {peer}")
         self._requests.clear()
@@ -193,10 +205,12 @@ def _wait_any(requests, what):
 
 
 def send_object(comm, peer, obj, tag):
+    """Sends a small picklable object to rank `peer` of `comm` (blocking)."""
     _raw(comm).send(obj, dest=peer, tag=tag)
 
 
 def recv_object(comm, peer, tag):
+    """Receives the object that rank `peer` sent with `tag` (a wait the watchdog sees)."""
     with watchdog.waiting(f"an object from rank {peer}"):
         return _raw(comm).recv(source=peer, tag=tag)
 

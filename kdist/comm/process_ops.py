@@ -61,7 +61,14 @@ def refresh():
 
 
 def rank_op(name=None):
-    """This process's rank, as an int32 tensor.
+    """This process's rank, as an int32 tensor: Horovod's accessor.
+
+    Unlike `kdist.rank()`, which inside a `tf.function` is a Python number frozen into
+    the graph when it is traced, this and the other `*_op` accessors are read when the
+    function runs (also in a function compiled with XLA): they read small variables
+    that follow the world when an elastic job loses or gains ranks. In a TensorFlow 1
+    graph (`tf.compat.v1`, a `Session`) they are constants, taken when the graph is
+    built. `name` is accepted for compatibility and has no effect.
 
     Example:
 
@@ -73,7 +80,15 @@ def rank_op(name=None):
 
 
 def size_op(process_set_id=0, name=None):
-    """The number of ranks of the job (or of process set `process_set_id`), as an int32 tensor."""
+    """The number of ranks of the job, as an int32 tensor read when the graph runs (see
+    `kdist.rank_op`).
+
+    Args:
+        process_set_id: 0 for the whole job, or the id of a registered process set
+            (`ProcessSet.process_set_id`) for that set's size. An id that no registered
+            set has raises `ValueError`.
+        name: accepted for compatibility; no effect.
+    """
     if process_set_id:
         import tensorflow as tf
 
@@ -82,17 +97,30 @@ def size_op(process_set_id=0, name=None):
 
 
 def local_rank_op(name=None):
-    """This process's rank among the ranks on its host, as an int32 tensor."""
+    """This process's rank among the ranks on its node, as an int32 tensor read when the
+    graph runs (see `kdist.rank_op`). `name` has no effect."""
     return _read("local_rank")
 
 
 def local_size_op(name=None):
-    """The number of ranks on this process's host, as an int32 tensor."""
+    """The number of ranks on this process's node, as an int32 tensor read when the graph
+    runs (see `kdist.rank_op`). `name` has no effect."""
     return _read("local_size")
 
 
 def process_set_included_op(process_set_id=0, name=None):
-    """1 if this process is in process set `process_set_id`, 0 if not, -2 if no set has it."""
+    """Whether this process is in a process set, as an int32 tensor.
+
+    1 if it is in the registered set with id `process_set_id` (always, for 0, the global
+    set), 0 if it is not, and -2, Horovod's code for an unknown set, if no registered
+    set has that id. `name` has no effect.
+
+    Example:
+
+        >>> import kdist
+        >>> int(kdist.process_set_included_op(0)), int(kdist.process_set_included_op(99))
+        (1, -2)
+    """
     import tensorflow as tf
 
     if process_set_id == 0:

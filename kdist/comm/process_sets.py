@@ -22,11 +22,47 @@ _next_id = [1]
 
 
 class ProcessSet:
-    """A set of world ranks that can run collectives on their own.
+    """A set of world ranks that can run collectives on a communicator of their own.
+
+    Register it on every rank (`kdist.add_process_set`, or
+    `kdist.init(process_sets=[...])`), then pass it as `process_set=` to the
+    collectives, `DistributedOptimizer` and the other reducers to run among its ranks
+    only. A collective on a set that is not registered raises `ValueError`; one run on
+    a rank outside the set raises TensorFlow's `InvalidArgumentError`, as Horovod does,
+    which is also a `ValueError` (a plain `ValueError` in a program without
+    TensorFlow). A `process_set` that is not a `ProcessSet` raises `TypeError`.
+
+    A set made from a communicator learns its ranks when it is registered; before
+    that, `size()` and `included()` return None.
+
+    Every rank registers a set, ranks outside it too:
+
+    ```python
+    evens = kdist.add_process_set(list(range(0, kdist.size(), 2)))
+    if evens.included():
+        total = kdist.allreduce(np.ones(2), op=kdist.Sum, process_set=evens)
+    ```
 
     Args:
-        ranks_or_comm: a list of world ranks, or an mpi4py communicator whose
-            processes form the set.
+        ranks_or_comm: a list of distinct world ranks (an empty list or a repeated
+            rank raises `ValueError`), or an `mpi4py` communicator whose processes form
+            the set (on the ranks outside it, `MPI.COMM_NULL`).
+
+    Attributes:
+        ranks: the set's world ranks, sorted (None for a set made from a communicator,
+            until it is registered).
+        process_set_id: the id given when it is registered (None before, and after
+            `kdist.remove_process_set`); 0 is the global set's.
+
+    Example:
+
+        The global set is there from the start:
+
+        >>> import kdist
+        >>> kdist.global_process_set.size() == kdist.size()
+        True
+        >>> kdist.global_process_set.process_set_id
+        0
     """
 
     def __init__(self, ranks_or_comm):
@@ -90,13 +126,17 @@ class _GlobalProcessSet(ProcessSet):
 
 
 global_process_set = _GlobalProcessSet()
+"""The process set of every rank of the job, registered from the start with id 0.
+Collectives given it (or no `process_set`) run on the whole world."""
 
 
 def add_process_set(process_set):
     """Registers a process set (a `ProcessSet` or a list of ranks) and returns it.
 
     Every rank of the job must call it, in the same order, even ranks that
-    are not in the set.
+    are not in the set. It may be called at any time, not only at `kdist.init()`.
+    Ranks that are not ranks of the job, or the ranks of a set already registered
+    (the global set's included), raise `ValueError`.
     """
     if not isinstance(process_set, ProcessSet):
         process_set = ProcessSet(process_set)
@@ -124,7 +164,10 @@ def add_process_set(process_set):
 
 
 def remove_process_set(process_set):
-    """Unregisters a process set; returns whether it was registered. Every rank calls it."""
+    """Unregisters a process set and frees its communicator. Every rank calls it.
+
+    Returns whether it was registered (False for the global set, which stays).
+    """
     with _lock:
         registered = _registered.pop(getattr(process_set, "process_set_id", None), None)
     if registered is None or registered is global_process_set:

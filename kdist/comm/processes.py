@@ -56,7 +56,25 @@ _LAUNCHER_VARIABLES = (
 )
 
 def launched_by_mpi(environ=None):
-    """Returns True when an MPI launcher started this process."""
+    """Returns True when an MPI launcher started this process.
+
+    That is: `KDIST_FORCE_MPI` is set to something other than `""` or `"0"`; or one of
+    the variables that Open MPI, MPICH/Hydra, Intel MPI, MVAPICH or PMIx give the
+    processes they start is present; or SLURM's `srun` started more than one task
+    (`SLURM_STEP_ID` is set and `SLURM_STEP_NUM_TASKS` is above 1). `kdist.init()` uses
+    MPI only then.
+
+    Args:
+        environ: the environment to read; `os.environ` by default.
+
+    Example:
+
+        >>> from kdist.comm import launched_by_mpi
+        >>> launched_by_mpi({}), launched_by_mpi({"OMPI_COMM_WORLD_SIZE": "4"})
+        (False, True)
+        >>> launched_by_mpi({"SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": "8"})
+        True
+    """
     environ = os.environ if environ is None else environ
     if environ.get("KDIST_FORCE_MPI", "") not in ("", "0"):
         return True
@@ -127,12 +145,61 @@ def _all_ranks_on_this_node(environ=None):
 def init(comm=None, process_sets=None):
     """Starts kdist on this process. Safe to call more than once.
 
+    Calls after the first (including the one that any kdist function needing the
+    process world makes implicitly) do nothing but register `process_sets`.
+
+    If an MPI launcher started the process (see `kdist.comm.launched_by_mpi`; or
+    `KDIST_FORCE_MPI=1`), the world is `MPI.COMM_WORLD`; otherwise it is a world of one
+    process and MPI is not touched, so the same script runs unchanged on a laptop.
+    kdist works on its own duplicate of the world communicator, so the script's own MPI
+    messages never meet kdist's. `init` also:
+
+    - splits the world into the ranks on this node (`local_rank`, `local_size`) and the
+      ranks with the same local rank on the other nodes (`cross_rank`, `cross_size`);
+    - makes an uncaught exception on any rank abort the whole job, naming the rank;
+    - starts the watchdog (in a world of several ranks), which reports stalled
+      collectives and ends a job that cannot go on (`KDIST_STALL_WARNING`,
+      `KDIST_COLLECTIVE_TIMEOUT`; see "When something fails" in the data-parallel
+      guide);
+    - sets up logging: a `[kdist R]` prefix, and only rank 0 speaks at INFO unless
+      `KDIST_LOG_LEVEL` says otherwise;
+    - gives this rank its share of the node's cores (TensorFlow's intra-op threads;
+      see `kdist.comm.devices.intra_op_threads`) and its own GPU (local rank modulo
+      the node's GPUs), with memory growth on;
+    - starts a timeline when `KDIST_TIMELINE` names a file (see `kdist.start_timeline`).
+
+    In an MPI job, a start that takes longer than `KDIST_START_TIMEOUT` seconds
+    (default 600; 0: no limit), because a rank died or a host cannot be reached,
+    ends this rank instead of waiting for ever.
+
+    kdist calls MPI from TensorFlow's threads, so it asks MPI for
+    `MPI_THREAD_MULTIPLE`. If mpi4py already started MPI with `MPI_THREAD_SERIALIZED`,
+    `init` warns and works, but its stall reports cannot ask the other ranks what they
+    are doing; with a lower level it raises `RuntimeError`. Import kdist before
+    `mpi4py.MPI`, or set `mpi4py.rc.thread_level = "multiple"` first.
+
     Args:
-        comm: optional `mpi4py.MPI.Comm` (or a list of world ranks) to use as
-            the world instead of `MPI.COMM_WORLD`, for programs that run kdist
-            on a subset of their processes.
-        process_sets: `kdist.ProcessSet`s to register (see
-            `kdist.add_process_set`); every rank passes the same list.
+        comm: an `mpi4py.MPI.Comm` to use as the world instead of `MPI.COMM_WORLD`, or a
+            list of world ranks, for programs that run kdist on a subset of their
+            processes. With a list, every process of the job must call `init` (the
+            communicator is created collectively); a process not in the list gets a
+            `ValueError` saying so, and must not use kdist.
+        process_sets: a list of `kdist.ProcessSet`s (or lists of ranks) to register, as
+            `kdist.add_process_set` does; every rank passes the same list. Horovod's
+            `"dynamic"` is accepted and changes nothing (`add_process_set` works at any
+            time); any other string raises `ValueError`.
+
+    Raises:
+        ValueError: `comm` is given after kdist has started (explicitly, or implicitly
+            by a collective or `kdist.precision.enable`): call `init(comm=...)` first.
+        RuntimeError: SLURM's `srun` started several tasks but MPI gives this one a
+            world of one process, because srun's PMI plugin does not match the MPI
+            library. Run with `srun --mpi=pmix` for Open MPI or `srun --mpi=pmi2` for
+            MPICH and the MPIs that share its ABI (the message names the one for the
+            MPI in use; `srun --mpi=list` shows your site's), or with `mpiexec` inside
+            the allocation. Also raised for too low an MPI thread level (above).
+        ImportError: an MPI launcher started the process but mpi4py is not installed
+            (`pip install 'kdist[mpi]'`).
 
     Example:
 
@@ -431,8 +498,12 @@ def _host_names(mpi_comm):
 
 
 def shutdown():
-    """Releases kdist's communicators and process sets. `init()` may be called again
-    afterwards, and starts afresh: the global process set alone, settings read anew."""
+    """Stops the watchdog and releases kdist's communicators and process sets.
+
+    A timeline that `KDIST_TIMELINE` started is written first. MPI is not finalised.
+    `init()` may be called again afterwards, and starts afresh: the global process set
+    alone, settings read anew. Does nothing if kdist has not started.
+    """
     from kdist.comm import process_ops, process_sets, timeline, watchdog
 
     with _state.lock:
@@ -456,12 +527,15 @@ def shutdown():
 
 
 def mpi_enabled():
-    """True when kdist runs over MPI (even with one rank)."""
+    """True when kdist runs over MPI, even with one rank (`mpiexec -n 1`,
+    `KDIST_FORCE_MPI=1`); False in a world of one started without a launcher. Starts
+    kdist on first use."""
     return world().mpi is not None
 
 
 def mpi_threads_supported():
-    """True when the MPI library accepts calls from several threads."""
+    """True when kdist runs over MPI and the MPI library accepts calls from several threads
+    (`MPI_THREAD_MULTIPLE`). Starts kdist on first use."""
     if not mpi_enabled():
         return False
     MPI = _mpi()

@@ -68,7 +68,37 @@ _INACTIVE = np.iinfo(np.int64).min
 
 
 class CollectiveMismatch(ValueError):
-    """Ranks started different collectives; the message lists what each rank ran."""
+    """The error every rank raises when the ranks started different collectives.
+
+    Every collective is announced before it moves data, so ranks that start different
+    ones (another kind, dtype, reduction, number of elements, shapes or root) all fail
+    at once, instead of exchanging buffers of different sizes or waiting for ever. The
+    message lists what each rank ran:
+
+    ```text
+    kdist: the ranks are not running the same collective (seen by rank 0):
+      rank 0: allreduce (sum) of 3 float32 values
+      rank 1: allreduce (sum) of 4 float32 values
+    Every rank must run the same collectives in the same order. Usually a rank left a
+    loop early (a callback stopped its fit on that rank alone: pass fit's callbacks
+    through kdist.callbacks.Agreement().around(...); or it ran out of data: see
+    kdist.join) or ended its script; otherwise build the same model on every rank,
+    give tensors the same shapes and dtypes, and use the same step pattern on all ranks.
+    ```
+
+    A rank whose script has ended shows as `leaving the job: its script ended`,
+    followed by how its last `fit` ended when kdist saw it (`its last fit stopped after
+    epoch 2 of 40: EarlyStopping set stop_training`); see "A rank that leaves early"
+    in the reliability guide.
+
+    It is raised as it is for numpy arrays and objects. For tensors the error is
+    TensorFlow's `tf.errors.FailedPreconditionError`, as Horovod's ops raise: from
+    kdist's C++ ops, and, eagerly, from collectives that run in Python (`alltoall`, or
+    any collective where the C++ ops cannot be built), where the error is both a
+    `CollectiveMismatch` and a `FailedPreconditionError`. A py-function op inside a
+    graph turns it into `tf.errors.InvalidArgumentError`. Either way every rank raises
+    it, and the ranks can go on with their next collective.
+    """
 
 
 def _mpi():

@@ -29,39 +29,67 @@ logger = logging.getLogger(__name__)
 
 
 class TensorReducer:
-    """Sums or averages lists of tensors over a communicator.
+    """Sums or averages lists of TensorFlow tensors over a communicator.
 
-    Each distinct list signature (shapes and dtypes) gets its own bucket plan,
-    made on first use, so the same reducer can serve gradients and, say,
-    batch-normalisation statistics.
+    Works eagerly, inside a `tf.function` and under XLA. `AllreduceOptimizer` (what
+    `DistributedOptimizer` returns) and `kdist.distribute.MPIStrategy` both reduce
+    their gradients with it. Calling it with a list returns the reduced list; `None`
+    entries stay `None`.
+
+    - Floating tensors travel in buckets, planned on the first call with each list
+      signature (shapes and dtypes), so the same reducer can serve gradients and,
+      say, batch-normalisation statistics: consecutive tensors of one dtype, at most
+      `bucket_bytes` per bucket (or about `num_groups` buckets of equal size), in
+      backpropagation order (from the end of the list: the last layers' gradients,
+      which exist first, travel first). Each bucket is one collective through the
+      `compression` mode's `reduce`; without compression that is kdist's C++ op when
+      it is available, which packs the small tensors into one buffer and reduces those
+      of 256 KiB or more in place.
+    - An average is over the ranks that contributed (see `kdist.join`). Integer and
+      boolean tensors are summed, never averaged, one collective each.
+    - Overlap: in a graph (`tf.function`, Keras's compiled steps) a bucket's collective
+      depends only on its own tensors, so with a second inter-op thread TensorFlow
+      reduces it while the earlier layers' gradients are still being computed.
+      Collectives still run in one order on every rank. kdist gives a rank a second
+      inter-op thread when it has 2 or more cores; docs/performance.md measures what
+      overlap hides, and when.
+
+    A tensor of unknown shape raises `ValueError` when the reducer is called.
 
     Args:
-        comm: the `Communicator` (the world by default).
-        compression: a `Compression` mode, applied to floating tensors.
+        comm: the `kdist.comm.Communicator` (the world by default).
+        compression: a `kdist.Compression` mode (or its name or config), applied to
+            floating tensors.
         average: divide by the number of contributing ranks (else sum).
         bucket_bytes: most bytes per fused collective; None (the default) reads
             `KDIST_BUCKET_BYTES` (`kdist plan --measure` recommends a value from the
             measured link), and where that is unset chooses
             (`kdist.comm.fusion.auto_bucket_bytes`): 64 MiB on one host, a quarter of
-            the list's bytes (1-64 MiB) when the job spans hosts.
+            the list's bytes (1-64 MiB) when the job spans hosts. A positive whole
+            number (`ValueError` otherwise).
         num_groups: if positive, split each list into about this many
-            collectives of equal size instead.
+            collectives of equal size instead. A whole number, 0 or more
+            (`ValueError` otherwise).
         groups: explicit fusion: a list of lists of positions in the lists
             this reducer is called with. The floating tensors of each inner
             list travel in one collective; those in no list travel alone.
-            Overrides `bucket_bytes` and `num_groups`.
+            Overrides `bucket_bytes` and `num_groups`. A position in two lists, or a
+            negative one, raises `ValueError`.
         prescale_factor: multiplies each tensor before the reduction.
         postscale_factor: multiplies each result, so that results are
-            `reduce(t * prescale_factor) * postscale_factor`, as in `kdist.allreduce`.
-        name: used in log messages and in error reports.
+            `reduce(t * prescale_factor) * postscale_factor`, as in `kdist.allreduce`
+            (also in a world of one).
+        name: labels its collectives in log messages, error reports and stall
+            reports.
         overlap: let a bucket's collective start as soon as its own tensors
             exist (True) or only once every tensor of the list exists (False).
-            None (the default) reads `KDIST_OVERLAP` (on unless it is `0`).
+            None (the default) reads `KDIST_OVERLAP` (on unless it is `0`). Off, every
+            bucket waits for the whole list (to measure what overlap hides).
 
     Example:
 
         >>> import tensorflow as tf
-        >>> from kdist.comm.tensors import TensorReducer
+        >>> from kdist.comm import TensorReducer
         >>> [t.shape for t in TensorReducer()([tf.ones((2, 3)), tf.zeros(4)])]
         [TensorShape([2, 3]), TensorShape([4])]
     """

@@ -65,14 +65,30 @@ def span(phase, what, nbytes=0):
 def start_timeline(file_path, mark_cycles=False):
     """Starts recording every collective of this rank; `stop_timeline` writes `file_path`.
 
-    Call it on every rank with the same path (as with `KDIST_TIMELINE=path`,
-    which starts one at `kdist.init()` and writes it at `kdist.shutdown()` or when
-    the process ends).
+    Each collective is recorded phase by phase: `negotiate` (waiting for every rank to
+    announce it: the time spent waiting for the slowest rank), `pack`, the data
+    movement (`allreduce`, `allgather`, `broadcast`, ...), `unpack` and `scale`.
+    Collectives that run in Python and those that run in kdist's C++ ops show on two
+    tracks of each rank. The file is a Chrome trace, which opens in `chrome://tracing`
+    or Perfetto.
+
+    Call `start_timeline` and `kdist.stop_timeline` on every rank with the same path:
+    each rank writes its part and rank 0 merges the parts into `file_path`. Neither is
+    a collective, so a rank that stops early cannot hang the others.
+    `KDIST_TIMELINE=path` (or Horovod's `HOROVOD_TIMELINE`) starts a timeline at
+    `kdist.init()` and writes it at `kdist.shutdown()` or when the process ends
+    (`KDIST_TIMELINE_MARK_CYCLES=1` sets `mark_cycles`). See "Timeline" in the
+    data-parallel guide.
 
     Args:
         file_path: the Chrome-trace JSON file to write.
         mark_cycles: also mark the start of each fused gradient reduction
             (one per training step) with an instant event.
+
+    Raises:
+        ValueError: the directory of `file_path` does not exist.
+        PermissionError: the directory of `file_path` is not writable.
+        RuntimeError: a timeline is already recording; call `stop_timeline` first.
     """
     global _recording, _path
     from kdist.comm import native
@@ -97,6 +113,12 @@ def start_timeline(file_path, mark_cycles=False):
 
 def stop_timeline():
     """Stops recording and writes the timeline (rank 0 merges every rank's part).
+
+    Every rank writes its part beside the file; rank 0 waits up to
+    `KDIST_TIMELINE_WAIT` seconds (default 30) for the other ranks' parts, merges them
+    into the file and removes them. Parts that do not appear in time (a rank that
+    ended first, a file system that the other nodes do not share) are named in a
+    warning and left out.
 
     Returns the path of the file this rank wrote: the merged timeline on rank
     0, its own part elsewhere; None when no timeline was recording.

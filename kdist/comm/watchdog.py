@@ -64,7 +64,13 @@ def _world():
 
 
 def abort(reason, code=1):
-    """Prints `reason` with this rank's number and ends every rank of the job."""
+    """Prints `reason` with this rank's number and ends every rank of the job.
+
+    The line on standard error reads `[kdist rank R] aborting the job: reason`; then it
+    ends every rank of the job with exit code `code` (`MPI_Abort` in an MPI job). If
+    `MPI_Abort` has not ended the job after 10 seconds (a lost host, a fault-tolerant
+    job whose ranks died), this process exits on its own, which ends the job too.
+    """
     world = _world()
     rank = world.rank if world is not None else 0
     sys.stderr.write(f"[kdist rank {rank}] aborting the job: {reason}\n")

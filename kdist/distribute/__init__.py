@@ -1,16 +1,20 @@
 """Drop-in `tf.distribute` strategies: `with strategy.scope()` then plain `model.fit`.
 
-- `auto()`: the strategy that fits how the process was started.
-- `MPIStrategy`: kdist's MPI allreduce as a strategy (`kdist run`, `mpiexec`, `srun`).
+- `auto()`: the strategy that fits how the process was started (`choose()`
+  says which, without building it).
+- `MPIStrategy`: kdist's MPI allreduce as a strategy (`kdist run`, `mpiexec`, `srun`),
+  one replica per rank; `slice_batches` is how it splits each global batch.
 - `MultiWorkerMirroredStrategy`: TensorFlow's multi-worker strategy, working
-  with Keras 3 (`kdist launch`, TF_CONFIG, SLURM).
-- `SyncBatchNormalization`: batch normalization over the global batch of all ranks.
+  with Keras 3 (`kdist launch`, TF_CONFIG, SLURM, MPI launchers);
+  `resolve_cluster` and `cluster_spec_from_environ` find its workers.
+- `SyncBatchNormalization` (also `kdist.SyncBatchNormalization`): batch
+  normalization over the global batch of all ranks.
 - `plan(Workload(...), Cluster(...))`: each layout's predicted step time on a cluster
   (`kdist plan` on the command line); `Link`, `fit_link` and `measure_link` describe
   the network.
 
-Names load on first use, so that `kdist launch` starts its workers without
-importing TensorFlow itself.
+The Strategies guide shows them at work. Names load on first use, so that
+`kdist launch` starts its workers without importing TensorFlow itself.
 """
 
 from kdist._exports import declare as _declare

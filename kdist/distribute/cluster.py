@@ -285,9 +285,30 @@ def mpi_cluster_spec(environ, allgather=None):
 def cluster_spec_from_environ(environ=None, allgather=None):
     """The TF_CONFIG-shaped dict this process's environment describes, or None.
 
-    Pure apart from the MPI case, which picks a free port and calls
-    `allgather`. None means a single process: no cluster to join.
+    The same decision as `resolve_cluster`, as a plain dict:
+    `{"cluster": {"worker": ["host:port", ...]}, "task": {"type": "worker",
+    "index": i}}` (TF_CONFIG itself is returned as it is, checked). Pure apart
+    from the MPI case, which picks a free port and calls `allgather`.
 
+    Args:
+        environ: the environment to read (default: `os.environ`).
+        allgather: for MPI launchers, `allgather(obj)` returning every
+            rank's object in rank order (default: `kdist.allgather_object`).
+
+    Returns:
+        The dict, or None for a single process (no cluster to join).
+
+    Raises:
+        ValueError: a malformed variable (TF_CONFIG, a SLURM node list or
+            tasks-per-node string, a port past 65535...), named in the
+            message; or SLURM tasks not laid out in block order.
+
+    Example:
+
+        >>> env = {"SLURM_PROCID": "1", "SLURM_STEP_NUM_TASKS": "2", "KDIST_TF_PORT": "9000",
+        ...        "SLURM_STEP_NODELIST": "node[01-02]", "SLURM_STEP_TASKS_PER_NODE": "1(x2)"}
+        >>> cluster_spec_from_environ(env)["cluster"]
+        {'worker': ['node01:9000', 'node02:9000']}
     >>> cluster_spec_from_environ({}) is None
     True
     >>> cluster_spec_from_environ({"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "2",
@@ -314,10 +335,36 @@ def cluster_spec_from_environ(environ=None, allgather=None):
 def resolve_cluster(environ=None, allgather=None):
     """A `tf.distribute.cluster_resolver.ClusterResolver` for this process, or None.
 
-    TF_CONFIG in this process's own environment gives TensorFlow's
-    `TFConfigClusterResolver`; SLURM and MPI give a `SimpleClusterResolver`
-    that also reports this node's GPUs (TensorFlow would otherwise run a
-    non-TF_CONFIG cluster on the CPU).
+    What `MultiWorkerMirroredStrategy` uses by default. The cluster comes
+    from, in order:
+
+    1. TF_CONFIG: in this process's own environment, TensorFlow's
+       `TFConfigClusterResolver`.
+    2. A SLURM step started by `srun` (SLURM_PROCID, SLURM_STEP_NUM_TASKS,
+       SLURM_STEP_NODELIST, which may use ranges such as `node[01-04]`, and
+       SLURM_STEP_TASKS_PER_NODE, or their job-wide forms): tasks in block
+       order over the nodes; local task `l` of a node listens on port
+       `KDIST_TF_PORT + l`, by default `8888 + 100 * (SLURM_JOB_ID % 500) + l`
+       so that two jobs sharing a node pick different ports.
+    3. An MPI launcher (Open MPI, MPICH/Hydra and PMI, PMIx): each rank picks
+       a free port on its host (`KDIST_TF_HOST`, else the host name) and the
+       ranks exchange their `host:port` with `allgather`.
+
+    SLURM and MPI clusters get a `SimpleClusterResolver` that also reports
+    this node's GPUs (TensorFlow would otherwise run a non-TF_CONFIG cluster
+    on the CPU). When `srun` starts MPI ranks, the SLURM layout is used.
+
+    Args:
+        environ: the environment to read (default: `os.environ`).
+        allgather: for MPI launchers, `allgather(obj)` returning every
+            rank's object in rank order (default: `kdist.allgather_object`).
+
+    Returns:
+        The resolver, or None for a single process.
+
+    Raises:
+        ValueError: a malformed variable, named in the message (TF_CONFIG that
+            is not a JSON object with a "cluster", a bad SLURM node list...).
 
     >>> resolve_cluster({}) is None
     True

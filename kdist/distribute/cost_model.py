@@ -34,7 +34,20 @@ from kdist._args import positive_number, whole_number
 
 @dataclass(frozen=True)
 class Link:
-    """A link: `latency` in seconds, `bandwidth` and `reduce_rate` in bytes per second."""
+    """A network link in the alpha-beta model.
+
+    Args:
+        latency: seconds per message (alpha), >= 0.
+        bandwidth: bytes per second on the wire (1 / beta).
+        reduce_rate: bytes per second a rank reduces (1 / gamma); infinite by
+            default, so reductions cost nothing.
+
+    `Link.from_gbit(gbit, latency_us=0)` gives one from Gbit/s and microseconds.
+
+    Raises:
+        ValueError: a negative latency, or a bandwidth or reduce rate that is
+            not positive.
+    """
 
     latency: float
     bandwidth: float
@@ -49,7 +62,8 @@ class Link:
 
     @classmethod
     def from_gbit(cls, gbit, latency_us=0.0, reduce_gbyte=math.inf):
-        """A link of `gbit` Gbit/s and `latency_us` microseconds."""
+        """A link of `gbit` Gbit/s and `latency_us` microseconds, reducing
+        `reduce_gbyte` GB/s (infinite by default)."""
         return cls(latency=float(latency_us) * 1e-6,
                    bandwidth=positive_number(gbit, "gbit") * 1e9 / 8,
                    reduce_rate=reduce_gbyte * 1e9 if reduce_gbyte != math.inf else math.inf)
@@ -183,7 +197,9 @@ def fit_link(sizes, seconds, ranks):
     relative error).
 
     `sizes`: payloads in bytes (two distinct ones at least), `seconds`: the
-    measured allreduce time of each, over `ranks` ranks.
+    measured allreduce time of each, over `ranks` ranks (2 or more). Raises
+    `ValueError` for fewer than 2 ranks or two distinct sizes, for times that
+    are not positive, and for times that do not grow with the size.
 
     >>> link = Link(latency=20e-6, bandwidth=1.25e8)
     >>> sizes = [1e5, 1e6, 1e7]

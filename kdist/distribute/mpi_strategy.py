@@ -49,21 +49,43 @@ class MPIStrategy(tf.distribute.Strategy):
     model.fit(dataset.batch(64 * strategy.num_replicas_in_sync), epochs=5)
     ```
 
+    `num_replicas_in_sync` is the number of ranks. What goes through kdist:
+
+    - gradients (`ReplicaContext.all_reduce`), the statistics of
+      `BatchNormalization(synchronized=True)` and metric reads go through
+      kdist's fused allreduce;
+    - variables take rank 0's initial value when they are created;
+    - each rank keeps its slice of every global batch (`slice_batches`), and
+      `predict` gathers the slices back, in order, on every rank;
+    - under mixed precision, all ranks skip a step when any rank's gradients
+      overflowed;
+    - at the first step, once every variable exists, it checks that every
+      rank built the same model with the same values.
+
+    Train steps compiled with `jit_compile=True` work.
+
     Batch datasets with the global batch size (per-replica batch times
     `num_replicas_in_sync`), as with any tf.distribute strategy. Reading a
     metric outside `fit`/`evaluate` is a collective: do it on every rank.
 
     Args:
         comm: the `kdist.comm.Communicator` whose ranks are the replicas
-            (the world by default).
+            (the world by default); also the strategy's `comm` attribute.
         compression: `kdist.Compression.none` (default), `.fp16` or
             `.topk(ratio)` for the gradient allreduce.
-        bucket_bytes: most bytes of gradient per collective; None (the default):
+        bucket_bytes: most bytes of gradient per fused collective; None (the default):
             `KDIST_BUCKET_BYTES` where set, else 64 MiB on one host and a quarter of the
-            gradient (1-64 MiB) when the job spans hosts, so that buckets overlap the
-            backward pass (`kdist plan --measure` recommends a size).
-        device: the device each rank computes on; by default its GPU if it
-            has one (kdist gives each local rank its own), else the CPU.
+            gradient's bytes (between 1 and 64 MiB) when the job spans hosts, so that all
+            but the last bucket can travel during the backward pass (`kdist plan --measure`
+            recommends a size).
+        device: the device each rank computes on; by default `/gpu:0` if the
+            rank has a GPU (kdist gives each local rank its own), else `/cpu:0`.
+
+    Raises:
+        ValueError: at the first step, when the ranks built different models
+            or gave their variables different values (naming the first
+            variable that differs); when something asks it for a reduction
+            other than SUM or MEAN.
 
     Example:
 
@@ -285,8 +307,22 @@ class _MPIReplicaContext(tf.distribute.ReplicaContext):
 def slice_batches(dataset, rank, size):
     """Keeps rank `rank`'s share of every batch: rows `[n*rank//size, n*(rank+1)//size)`.
 
-    Every rank sees every global batch, so all take the same number of steps
-    even when the last batch is short.
+    The input transformation `MPIStrategy` applies to the datasets it
+    distributes. Every rank sees every global batch of `n` rows, so all take
+    the same number of steps even when the last batch is short.
+
+    Args:
+        dataset: a batched `tf.data.Dataset` (elements may be tuples, dicts
+            or other nests; each tensor's first axis is the batch).
+        rank: this rank's index, in `[0, size)`.
+        size: the number of ranks sharing each batch.
+
+    Returns:
+        The dataset of this rank's slices.
+
+    Raises:
+        ValueError: the dataset yields unbatched (scalar) elements, or `rank`
+            is outside `[0, size)`.
 
     Example:
 

@@ -115,10 +115,29 @@ def _check_not_called_from_control_flow():
 class MultiWorkerMirroredStrategy(tf.distribute.MultiWorkerMirroredStrategy):
     """`tf.distribute.MultiWorkerMirroredStrategy` that Keras 3 can `fit` with.
 
+    With the stock strategy and more than one worker, Keras 3's `fit` and
+    `evaluate` fail before the first step (keras-team/keras#20585): the stock
+    strategy cannot reduce the nested batch Keras builds the model from, nor a
+    scalar along axis 0 as Keras reduces each step's logs. Here only `reduce`
+    is changed, to handle both, and `fit`, `evaluate` and `predict` work
+    across workers (every worker gets the global results); variables,
+    gradients and dataset sharding are TensorFlow's.
+
+    With several workers, compile with `steps_per_execution=1`: a larger value
+    raises a `ValueError` saying so while the step is traced (Keras 3 then
+    calls the step inside a `tf.while_loop`, where TensorFlow cannot give the
+    collectives their keys). Keras's saving callbacks and TensorBoard write on
+    every worker; `kdist.callbacks.ModelCheckpoint`, `BackupAndRestore` and
+    `save_model` write on the chief only.
+
+    Run the same script on every worker, e.g. `kdist launch -n 2 train.py`,
+    or under `srun` or an MPI launcher; datasets are batched with the global
+    batch size.
+
     Args:
         cluster_resolver: a `tf.distribute.cluster_resolver.ClusterResolver`.
-            By default TF_CONFIG, a SLURM step or an MPI launcher's
-            environment describes the cluster (`kdist.distribute.cluster`);
+            By default `kdist.distribute.resolve_cluster()`: TF_CONFIG, a SLURM
+            step or an MPI launcher's environment describes the cluster;
             without any of them this process is the only worker.
         communication_options: `tf.distribute.experimental.CommunicationOptions`,
             as for the stock strategy.

@@ -41,15 +41,24 @@ BUCKET_CHOICES = tuple(2**k for k in range(18, 29))  # 256 KiB .. 256 MiB
 
 @dataclass(frozen=True)
 class Workload:
-    """What one rank does per step.
+    """What one rank does per step, for `plan`.
 
-    `parameters`: trainable parameters; `step_seconds`: one device's forward and
-    backward pass at `batch_per_rank` samples; `gradient_bytes_per_parameter`
-    (4: float32); `memory_bytes_per_parameter`: weights, gradients and optimizer
-    state (16 for Adam in float32); `activation_bytes_per_sample`: what one
-    sample's activations take between two layers (for pipelines and split
-    layers; None leaves those layouts out); `layers`: how many layers could be
-    split or staged.
+    Args:
+        parameters: trainable parameters.
+        step_seconds: one device's forward and backward pass at
+            `batch_per_rank` samples.
+        batch_per_rank: samples per rank per step.
+        gradient_bytes_per_parameter: 4 for float32 gradients.
+        memory_bytes_per_parameter: weights, gradients and optimizer state
+            (16 for Adam in float32).
+        activation_bytes_per_sample: what one sample's activations take
+            between two layers, for pipelines and split layers; None leaves
+            those layouts out.
+        layers: how many layers could be split or staged.
+
+    Raises:
+        ValueError: a value that is not positive, or a count that is not a
+            whole number (`TypeError` for what is not a number).
     """
 
     parameters: float
@@ -77,13 +86,27 @@ class Workload:
 
 @dataclass(frozen=True)
 class Cluster:
-    """`nodes` nodes of `per_node` ranks (cores or GPUs) each; `inter` joins nodes,
-    `intra` the ranks of a node; `memory_bytes`: what one rank may hold (None: no
-    limit); `overlap`: the fraction of the overlappable communication the backward
-    pass hides (0.5 measured with one core per rank; higher with a core to spare);
-    `per_bucket`: seconds of kdist's own work per gradient bucket, per gossip exchange and
-    per parameter-server push or pull (packing, announcing, unpacking; 0-1 ms measured,
-    docs/lab/network.md), which makes many small buckets cost more than a few."""
+    """The machines to plan for (`plan`).
+
+    Args:
+        nodes: how many nodes.
+        per_node: ranks (cores or GPUs) per node.
+        inter: the `Link` that joins nodes.
+        intra: the `Link` between a node's ranks (default `SHARED_MEMORY`:
+            1 microsecond, 5 GB/s).
+        memory_bytes: what one rank may hold (None: no limit).
+        overlap: the fraction of the overlappable communication the backward
+            pass hides, between 0 and 1 (0.5 measured with one core per rank
+            and a ring allreduce; closer to 1 with a core to spare).
+        per_bucket: seconds of kdist's own work per gradient bucket, per
+            gossip exchange and per parameter-server push or pull (packing,
+            announcing, unpacking; 0-1 ms measured), which no link hides and
+            which makes many small buckets cost more than a few.
+
+    Raises:
+        ValueError: `overlap` outside [0, 1], a negative `per_bucket`, or
+            counts that are not whole numbers of at least 1.
+    """
 
     nodes: int
     per_node: int
@@ -109,8 +132,10 @@ class Cluster:
 
 @dataclass
 class Layout:
-    """One way to train: its name, predicted seconds per step, samples per second,
-    efficiency against `ranks` independent devices, and its settings."""
+    """One way to train, as `plan` predicts it: `layout` (its name), `step_seconds`,
+    `samples_per_second`, `efficiency` (samples per second over that of `ranks`
+    independent devices), `settings` (the layout's parameters, e.g. `bucket_bytes`)
+    and `note` (e.g. that it is asynchronous)."""
 
     layout: str
     step_seconds: float
@@ -159,7 +184,58 @@ def _fits(work, cluster, split=1):
 
 
 def plan(work, cluster, micro_batches=8):
-    """Every layout that fits, fastest first (see the module's docstring)."""
+    """Which layout to train in: every layout that fits in memory, fastest first.
+
+    Each layout's step is predicted with the alpha-beta cost model of
+    `kdist.distribute.cost_model`. The layouts:
+
+    - `data`: every rank holds the whole model; gradients are reduced in
+      buckets of the size the model predicts fastest, within nodes first
+      when nodes have several ranks.
+    - `data, fp16 gradients`: the same with half the bytes on the wire.
+    - `pipeline S x data R`: the model cut into S stages (2, 4, 8 or 16),
+      R replicas of that pipeline trained data-parallel.
+    - `tensor W x data N`: each layer split over a node's W ranks, the N
+      nodes data parallel.
+    - `parameter server`: one master per node (one in all when nodes have a
+      single rank), the other ranks workers.
+    - `gossip`: each rank averages with two ring neighbours.
+
+    The last two are asynchronous in effect: as many samples per second buy
+    less accuracy than synchronous training's. Pipelines and split layers are
+    considered only when the workload gives `activation_bytes_per_sample`.
+
+    `kdist plan` prints this list, and with it
+    `kdist.distribute.planner.batch_for_efficiency(work, cluster, target=0.8,
+    largest=2**14)`: the smallest batch per rank (the given one times a power
+    of 2, up to `largest`) at which the best layout reaches `target`
+    efficiency, or None.
+
+    Args:
+        work: a `Workload`: what one rank does per step.
+        cluster: a `Cluster`: nodes, ranks per node, links and memory.
+        micro_batches: the micro-batches per step the pipeline layouts are
+            predicted with.
+
+    Returns:
+        A list of `Layout` records, fastest first, each with `layout` (its
+            name, as above), `step_seconds`, `samples_per_second`, `efficiency`
+            (samples per second over that of `ranks` independent devices),
+            `settings` (e.g. `bucket_bytes`, `stages`, `masters`) and `note`;
+            `to_dict()` gives one as a dict.
+
+    Raises:
+        ValueError: the model fits in no layout's memory; the message says
+            how much it needs.
+
+    Example:
+
+        >>> from kdist.distribute import Cluster, Link, Workload, plan
+        >>> work = Workload(parameters=25e6, step_seconds=0.2, batch_per_rank=32)
+        >>> best = plan(work, Cluster(nodes=4, per_node=1, inter=Link.from_gbit(1, 50)))[0]
+        >>> best.layout, round(best.efficiency, 2)
+        ('data, fp16 gradients', 0.27)
+    """
     ranks, batch = cluster.ranks, work.batch_per_rank
     layouts = []
     if _fits(work, cluster):
@@ -230,6 +306,17 @@ def measure_link(comm=None, sizes=(2**16, 2**20, 2**22, 2**24), repeats=3):
 
     Run across the nodes of the cluster (one rank per node), this is the link that
     `kdist plan --measure` plans with.
+
+    Args:
+        comm: the `kdist.comm.Communicator` to time (the world by default).
+        sizes: payloads in bytes, two distinct ones at least.
+        repeats: timed allreduces per size.
+
+    Returns:
+        The `Link` (`fit_link`), the same on every rank.
+
+    Raises:
+        ValueError: fewer than 2 ranks, or fewer than two distinct sizes.
     """
     import time
 

@@ -40,20 +40,39 @@ def _tf_config_workers(environ):
 
 
 def choose(environ=None, gpus=0):
-    """Decides which strategy `auto()` builds; returns `(choice, reason)`.
+    """The decision `auto()` makes, without building anything: `(choice, reason)`.
 
-    In order: `KDIST_STRATEGY` if set (one of `mpi`, `multi_worker`,
-    `mirrored`, `default`); the multi-worker strategy when TF_CONFIG lists
-    more than one worker; the MPI strategy when an MPI launcher or `srun`
-    started more than one task; `MirroredStrategy` when this process sees
-    several GPUs; otherwise TensorFlow's default strategy.
+    In order: `KDIST_STRATEGY` if set; the multi-worker strategy when
+    TF_CONFIG lists more than one worker (chief and workers counted); the MPI
+    strategy when an MPI launcher (`kdist run`, `mpiexec`) or `srun` started
+    more than one task; `MirroredStrategy` when this process sees several
+    GPUs; otherwise TensorFlow's default strategy.
 
-    >>> choose({"OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_RANK": "0"})
-    ('mpi', 'started by an MPI launcher with 4 tasks')
-    >>> choose({}, gpus=2)
-    ('mirrored', 'one process sees 2 GPUs')
-    >>> choose({"KDIST_STRATEGY": "default", "PMI_SIZE": "2"})[0]
-    'default'
+    `KDIST_STRATEGY` takes the four choices' names and a few aliases: `tf`,
+    `multiworker`, `multi-worker` and `mwms` for `multi_worker`; `allreduce`
+    and `horovod` for `mpi`; `one` and `none` for `default`.
+
+    Args:
+        environ: the environment to decide from (default: `os.environ`).
+        gpus: how many GPUs this process sees (`auto()` counts them when
+            the decision depends on it).
+
+    Returns:
+        `(choice, reason)`: `choice` is one of `"mpi"`, `"multi_worker"`,
+            `"mirrored"` and `"default"`; `reason` says why, in words, for the log.
+
+    Raises:
+        ValueError: `KDIST_STRATEGY` names no strategy kdist knows, or
+            TF_CONFIG is set but is not a JSON object.
+
+    Example:
+
+        >>> choose({"OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_RANK": "0"})
+        ('mpi', 'started by an MPI launcher with 4 tasks')
+        >>> choose({}, gpus=2)
+        ('mirrored', 'one process sees 2 GPUs')
+        >>> choose({"KDIST_STRATEGY": "default", "PMI_SIZE": "2"})[0]
+        'default'
     """
     environ = os.environ if environ is None else environ
     forced = environ.get("KDIST_STRATEGY", "").strip().lower()
@@ -101,11 +120,30 @@ def build(choice):
 def auto(environ=None):
     """The strategy for how this process was started, logged with the reason.
 
-    Under `kdist run`, `mpiexec` or `srun`: `MPIStrategy`. Under TF_CONFIG
-    (`kdist launch`, or a cluster that sets it): kdist's
-    `MultiWorkerMirroredStrategy`. One process with several GPUs:
-    `tf.distribute.MirroredStrategy`. Otherwise the default strategy, so the
-    same script also runs on a laptop. `KDIST_STRATEGY` overrides the choice.
+    The choice is `choose()`'s, in this order:
+
+    | how the process was started | strategy |
+    |---|---|
+    | `KDIST_STRATEGY` set | the one it names |
+    | TF_CONFIG lists several workers (`kdist launch`) | kdist's `MultiWorkerMirroredStrategy` |
+    | `kdist run`, `mpiexec` or `srun`, several tasks | `MPIStrategy` |
+    | one process that sees several GPUs | `tf.distribute.MirroredStrategy()` |
+    | anything else | TensorFlow's default strategy (a laptop) |
+
+    Calls `kdist.init()` first (before TensorFlow starts, so that each rank
+    gets its share of the cores and its GPU). The choice and its reason are
+    logged at INFO level, by rank 0 only under `MPIStrategy`.
+
+    Args:
+        environ: the environment to decide from, in place of `os.environ`.
+
+    Returns:
+        A `tf.distribute.Strategy`: use it as `with strategy.scope():`,
+            then plain `model.fit`.
+
+    Raises:
+        ValueError: `KDIST_STRATEGY` names no strategy kdist knows, or
+            TF_CONFIG is set but is not a JSON object.
 
     Example:
 

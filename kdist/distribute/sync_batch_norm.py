@@ -36,16 +36,35 @@ def _summed_over_ranks(tensor):
 class SyncBatchNormalization(_keras_private.MomentsThrough, keras.layers.BatchNormalization):
     """A `keras.layers.BatchNormalization` whose training statistics span all ranks.
 
-    In training, mean and variance are those of the global batch (all
-    ranks' rows together, each rank weighted by its number of rows), and the
-    moving statistics are updated with them, so they stay equal on every
-    rank. In inference it is a plain `BatchNormalization`. On one process it
-    is exactly `BatchNormalization`. Every rank must call the layer in each
-    training step (the statistics are an allreduce).
+    Horovod's synchronized batch normalization, also reachable as
+    `kdist.SyncBatchNormalization`. With data parallelism each rank sees a
+    slice of the global batch, and a plain `BatchNormalization` normalizes with
+    that slice's statistics, which are noisy when slices are small.
 
-    Takes the arguments of `keras.layers.BatchNormalization`, except
-    `synchronized` (statistics are always synchronized, over kdist's ranks);
-    Horovod's `fused=False` is accepted, `fused=True` raises `ValueError`.
+    In training, mean and variance are those of the global batch: each rank's
+    row count, per-channel sums and sums of squares are added over all ranks
+    in one allreduce, so ranks with different batch sizes count by their
+    rows. The allreduce is differentiated too (its gradient is the allreduce
+    of the incoming gradient), so the backward pass is that of the global
+    batch. The moving statistics are updated with the global values, so they
+    stay equal on every rank. In inference it is a plain `BatchNormalization`;
+    in a world of one rank it is exactly `BatchNormalization`. Every rank must
+    call the layer in each training step (the statistics are an allreduce).
+
+    Registered with Keras serialization (package `kdist`), so saved models
+    load it back. Under a `tf.distribute` strategy (`MPIStrategy` included),
+    Keras's own `BatchNormalization(synchronized=True)` does the same through
+    the strategy.
+
+    Args:
+        fused: Horovod's argument; None or False are accepted, and
+            `fused=True` raises `ValueError`.
+        **kwargs: the arguments of `keras.layers.BatchNormalization`, except
+            `synchronized` (statistics are always synchronized, over kdist's
+            ranks): `synchronized=True` raises `ValueError`.
+
+    Raises:
+        ValueError: `fused=True` or `synchronized=True`.
 
     Example:
 

@@ -16,7 +16,32 @@ let the callbacks commit it:
     train(state)
 
 Start it with `kdist run --elastic -n 3 script.py` (add `--max-np 3` to
-replace lost ranks with new processes). See docs/elastic.md.
+replace lost ranks with new processes); outside such a launch a rank that
+dies still ends the job. The guide is docs/elastic.md.
+
+- `run`: the decorator that calls the training function again after ranks
+  died, on the survivors (and on new processes, with `max_size`).
+- `KerasState`, `TensorFlowKerasState`: a Keras model, its optimizer and
+  plain values; `TensorFlowState`: a list of variables and plain values, for
+  custom loops; `ObjectState`: plain values only; `State`: their base class.
+  Each is committed (copied to host memory), restored (after a failure, back
+  to the last commit) and synced (every rank takes rank 0's) as a whole.
+- `CommitStateCallback`, `UpdateBatchStateCallback`,
+  `UpdateEpochStateCallback`: Keras callbacks that keep the state up to date
+  during `fit`.
+- `is_replacement`: whether this process replaces a lost rank.
+
+Exceptions:
+
+- `RanksLost` (also under Horovod's name, `HorovodInternalError`): the
+  failure `run` recovers from, raised when a collective fails because ranks
+  died.
+- `FatalToThisRank`: raise it on a rank that cannot go on; inside `run` that
+  rank leaves the job (it kills itself, as a crash would) and the others
+  carry on without it. In a world of one rank, or a job not started
+  fault-tolerant, it ends the process (`SystemExit`).
+- `HostsUpdatedInterrupt`: raised by a state (from `commit`, on every rank)
+  to make `run` reset without restoring; kdist itself never raises it.
 """
 
 from kdist._exports import declare as _declare

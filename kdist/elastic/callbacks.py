@@ -11,7 +11,21 @@ class CommitStateCallback(keras.callbacks.Callback):
 
     A commit copies the model and optimizer to host memory; after a failure
     the survivors go back to the last one, so fewer batches per commit lose
-    less work and cost more copying.
+    less work and cost more copying. A commit that falls due at the end of a
+    batch or an epoch is made when the next batch or epoch begins (or when
+    training ends), once every callback has updated the state (the batch and
+    epoch counters among them), whatever the order of the callbacks. The
+    count starts afresh with every `fit`, so the ranks commit together after
+    a reset.
+
+    Args:
+        state: the `kdist.elastic` state to commit.
+        batches_per_commit: commit every this many batches (a whole number, at
+            least 1).
+
+    Raises:
+        ValueError: `batches_per_commit` is below 1 or a fraction.
+        TypeError: `batches_per_commit` is a boolean or not a number.
     """
 
     def __init__(self, state, batches_per_commit=1):
@@ -61,7 +75,7 @@ class UpdateBatchStateCallback(keras.callbacks.Callback):
     After a reset in the middle of an epoch, the first epoch of the next `fit`
     runs only the batches that epoch still had to run (the data it draws are
     the iterator's next ones, as in Horovod). Put it after callbacks that stop
-    training on their own.
+    training on their own. Keep `batch=0` among the state's values.
     """
 
     def __init__(self, state):
@@ -95,9 +109,11 @@ class UpdateBatchStateCallback(keras.callbacks.Callback):
 class UpdateEpochStateCallback(keras.callbacks.Callback):
     """Keeps `state.epoch`, the epochs finished over every `fit` of the job.
 
-    Keras counts the epochs of each `fit` from 0; the state counts across
-    resets, so a script passes `epochs=total - state.epoch`. At each epoch's
-    end the ranks meet (`kdist.join`), so shards of different lengths are fine.
+    Keras counts the epochs of each `fit` from 0 (or from `initial_epoch`);
+    the state counts the epochs finished across every `fit` and reset, with
+    or without `initial_epoch`, so a script passes `epochs=total - state.epoch`.
+    At each epoch's end the ranks meet (`kdist.join`), so shards of different
+    lengths are fine. Keep `epoch=0` among the state's values.
     """
 
     def __init__(self, state):

@@ -11,6 +11,8 @@ from kdist.elastic.state import HostsUpdatedInterrupt, State
 
 # Horovod's name for the error a lost rank causes.
 HorovodInternalError = recovery.RanksLost
+"""Horovod's name for `RanksLost`, the error a lost rank causes: the same class, so
+`except HorovodInternalError` catches it. `run` recovers from it."""
 
 logger = logging.getLogger(__name__)
 
@@ -18,13 +20,30 @@ logger = logging.getLogger(__name__)
 class FatalToThisRank(Exception):
     """Raise it (or a subclass) on a rank that cannot go on: inside
     `kdist.elastic.run` that rank leaves the job, and the others carry on
-    without it, as if it had died."""
+    without it, as if it had died.
+
+    The leaving rank writes `[kdist rank N] leaving the job: <message>` to
+    stderr and kills itself, as a crash would, so that the others see it as
+    dead and recover. In a world of one rank, or in a job not started
+    fault-tolerant (`kdist run --elastic`), it ends the process with
+    `SystemExit(1)` instead. Outside `run` it is an ordinary exception.
+
+    Example:
+
+        ```python
+        @kdist.elastic.run
+        def train(state):
+            if not gpu_is_healthy():
+                raise kdist.elastic.FatalToThisRank("GPU lost")
+            model.fit(...)
+        ```
+    """
 
 
 def is_replacement():
     """True in a process that the survivors of an elastic job started to
-    replace a lost rank (`kdist run --elastic --max-np`); False in the ranks
-    the job started with. Call it after `kdist.init()`.
+    replace a lost rank (`kdist run --elastic --max-np`, `run(max_size=...)`);
+    False in the ranks the job started with. Call it after `kdist.init()`.
 
     Example:
 
@@ -67,24 +86,59 @@ def _rank_count(value, which):
 def run(func=None, *, min_size=None, max_size=None):
     """Decorates `func(state, ...)` so that training carries on when ranks die.
 
-    Before each attempt every rank takes rank 0's state (`state.sync()`).
-    When a collective fails because ranks died, the survivors agree on who is
-    left, make them kdist's world (ranks and size change), go back to the
-    last commit (`state.restore()`), call the state's reset callbacks, and
-    call `func` again. A rank that raises `FatalToThisRank` leaves and the
-    others carry on. Any other exception ends the job, on every rank, with its
-    message.
+    The decorated function is called as `func(state, *args, **kwargs)`, with a
+    `State` first. Before each attempt every rank takes rank 0's state
+    (`state.sync()`). When a collective fails because ranks died, the
+    survivors revoke kdist's world and shrink it to themselves (ranks and
+    size change; the world, local and cross communicators keep their
+    identity, so code that holds them carries on), go back to the last commit
+    (`state.restore()`), call the state's reset callbacks, and call `func`
+    again. It returns what `func` returns, once the ranks agreed (uniformly)
+    that no rank died meanwhile, so that no survivor leaves while others
+    recover. A rank that raises `FatalToThisRank` leaves and the others carry
+    on; `HostsUpdatedInterrupt`, raised by the state on every rank, makes
+    `run` reset and call `func` again without restoring.
 
-    With `max_size` (default `KDIST_ELASTIC_MAX_NP`, from `kdist run
-    --elastic --max-np`), the survivors then start new processes running the
-    same script, up to `max_size` ranks in all, as far as MPI finds slots for
-    them. A new process joins the world in `kdist.init()`, builds its model,
-    and receives the state by broadcast when it calls the decorated function;
-    so the script must reach that call without collectives of its own.
+    Any other exception propagates unchanged on the rank that raised it; in a
+    fault-tolerant job of several ranks, the other ranks then raise
+    `RuntimeError` naming that rank and its error, so that the job ends on
+    every rank instead of carrying on without it.
 
-    Needs a fault-tolerant launch (`kdist run --elastic`); elsewhere a rank
-    that dies still ends the job. Fewer than `min_size` ranks (default
-    `KDIST_ELASTIC_MIN_NP`, else 1) end it too, with a message.
+    With `max_size`, after shrinking, the survivors spawn processes running
+    the same command line until the world has `max_size` ranks, as far as MPI
+    finds slots for them (else a warning, and training goes on in the smaller
+    world). A new process takes one of the highest ranks, joins the world in
+    `kdist.init()` (`is_replacement()` is then True), builds its model, and
+    receives the state in its first `state.sync()`, when it calls the
+    decorated function; so the script must reach that call without
+    collectives of its own. Its reset callbacks do not run. If the new
+    processes die before they receive the state, no more are started. See
+    the guide docs/elastic.md, "Replacing lost ranks".
+
+    Needs a fault-tolerant launch (`kdist run --elastic`); elsewhere the
+    decorated function, called on several ranks, logs a warning, and a rank
+    that dies still ends the job.
+
+    Args:
+        func: the training function; `run` may also be called with keyword
+            arguments only, as `@run(min_size=2)`.
+        min_size: the fewest ranks training may go on with; default
+            `KDIST_ELASTIC_MIN_NP` (set by `kdist run --elastic --min-np`),
+            else 1.
+        max_size: the number of ranks to bring the world back to after losing
+            some; default `KDIST_ELASTIC_MAX_NP` (set by `--max-np`), else
+            None: lost ranks are not replaced.
+
+    Raises:
+        ValueError: `min_size` or `max_size` (or the variable it defaults to)
+            is not a number or is below 1, or `max_size` is below `min_size`
+            (when decorating).
+        TypeError: the decorated function's first argument is not a `State`.
+        RuntimeError: fewer ranks than `min_size` survive (on every
+            survivor, which ends the job); another rank raised an error.
+        kdist.comm.recovery.NoQuorum: the ranks left, having lost ranks on
+            other hosts, may be the smaller side of a network partition (see
+            `KDIST_ELASTIC_QUORUM`).
 
     Example:
 

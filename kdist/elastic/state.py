@@ -22,15 +22,25 @@ class State:
     """Base class of the state an elastic job commits, restores and syncs.
 
     A subclass implements `save` (copy the state aside), `restore` (go back to
-    the last copy) and `sync` (make every rank hold rank 0's state).
+    the last copy) and `sync` (make every rank hold rank 0's state, then copy
+    it aside). `commit()` calls `save()`; `kdist.elastic.run` calls `sync()`
+    before each attempt and `restore()` after ranks were lost, then the
+    functions given to `register_reset_callbacks`. `check_host_updates()` is
+    kept for Horovod scripts and does nothing: kdist learns of lost ranks
+    from MPI.
     """
 
     def __init__(self):
         self._reset_callbacks = []
 
     def register_reset_callbacks(self, callbacks):
-        """Functions called (without arguments) after the world changed size,
-        before training goes on: rescale the learning rate, re-shard data."""
+        """Adds functions to call (without arguments) after the world changed size,
+        before training goes on: rescale the learning rate, re-shard data.
+
+        `callbacks` is a list of callables; anything in it that is not callable
+        raises `TypeError` (and none of the list is added). At a reset they
+        run on the ranks that survived it, not on the processes started then
+        to replace lost ranks, which begin afresh."""
         for callback in callbacks:
             if not callable(callback):
                 raise TypeError(f"reset callbacks must be callable; got {callback!r}.")
@@ -48,17 +58,31 @@ class State:
         """Kept for Horovod scripts: kdist learns of lost ranks from MPI itself."""
 
     def save(self):
+        """Copies the state aside (what `commit` does)."""
         raise NotImplementedError
 
     def restore(self):
+        """Goes back to the last copy."""
         raise NotImplementedError
 
     def sync(self):
+        """Makes every rank hold rank 0's state (a collective), then copies it aside."""
         raise NotImplementedError
 
 
 class ObjectState(State):
     """Plain Python values, given as keyword arguments and kept as attributes.
+
+    `commit()` (or `save()`) copies the attributes' current values aside;
+    `restore()` sets them back to the last commit; `sync()` gives every rank
+    rank 0's last committed values (a value changed since the last commit goes
+    back to it, on rank 0 too) and commits them. Values travel by pickling, so
+    they must be picklable. Only the names given at construction are kept;
+    attributes added later are not.
+
+    Raises:
+        ValueError: a value's name starts with `_` or names one of the state's
+            own attributes or methods (`commit`, `restore`, `sync`, ...).
 
     Example:
 
@@ -105,11 +129,36 @@ class ObjectState(State):
 class KerasState(ObjectState):
     """A Keras model, its optimizer and plain values, committed and restored together.
 
+    The model's variables, its optimizer's, and `values` kept as attributes
+    (as in `ObjectState`):
+
+    - `commit()` (or `save()`) copies the variables and values to host memory;
+      the state is committed once when it is made.
+    - `restore()` goes back to the last commit. Optimizer variables built after
+      it (in the first step) keep their values. A model or optimizer whose
+      structure changed since the commit (other variables, other shapes)
+      raises `ValueError`, and nothing is restored.
+    - `sync()` broadcasts rank 0's current model and optimizer variables and
+      its last committed values (see `ObjectState`), then commits. A rank
+      whose optimizers are not built yet while rank 0's are (a process that
+      replaces a lost rank) builds them first.
+    - `register_reset_callbacks(callbacks)` adds functions called without
+      arguments after a reset.
+
+    After a reset the model's compiled train, test and predict steps are
+    traced again: those traced before hold the old world's communicator.
+
     Args:
         model: a `keras.Model`, or a `kdist.gan.GAN` (both its models and
             both optimizers are kept).
         optimizer: defaults to the model's optimizer(s).
         **values: plain values to keep alongside (`epoch=0`, `batch=0`, ...).
+
+    Raises:
+        ValueError: a value's name is reserved (see `ObjectState`); from
+            `restore`, a structure that changed since the commit.
+        RuntimeError: from `sync`, when rank 0 keeps another number of
+            optimizers than this rank.
 
     Example:
 
@@ -225,11 +274,21 @@ def _strategy_scope(model):
 class TensorFlowState(ObjectState):
     """Horovod's state for a custom TensorFlow loop: a list of variables and plain values.
 
+    The variables and the values are committed (copied to host memory),
+    restored and synced (rank 0's variables and last committed values
+    broadcast to every rank, then committed) together, as in `KerasState`.
+    Restoring variables whose number or shapes changed since the commit
+    raises `ValueError`, and nothing is restored.
+
     Args:
         variables: the variables to commit, restore and sync (`tf.Variable` or
             Keras variables; a model's `variables` plus its optimizer's, say).
         session: accepted for compatibility with Horovod (TensorFlow 1); must be None.
         **values: plain values kept alongside (`epoch=0`, `batch=0`, ...).
+
+    Raises:
+        ValueError: a `session` is given; a value's name is reserved (see
+            `ObjectState`).
 
     Example:
 
@@ -272,8 +331,12 @@ class TensorFlowState(ObjectState):
 
 
 class TensorFlowKerasState(KerasState):
-    """Horovod's name for `KerasState` in its TensorFlow API; `backend` (TensorFlow 1's
-    Keras session) is accepted only as None."""
+    """Horovod's name for `KerasState` in its TensorFlow API (`hvd.elastic.TensorFlowKerasState`).
+
+    Takes `KerasState`'s arguments and behaves as it does. `backend`
+    (TensorFlow 1's Keras session) is accepted only as None: anything else
+    raises `ValueError`.
+    """
 
     def __init__(self, model, optimizer=None, backend=None, **values):
         if backend is not None:

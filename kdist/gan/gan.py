@@ -22,24 +22,44 @@ class GAN(keras.Model):
     a sum of cell energies) trained with `aux_losses` on both real and
     generated samples.
 
-    Batches are `real`, `(real, condition)`, `(real, condition, aux)` or a dict
-    with keys "real", "condition", "aux" and "latent" (given latent draws, for
-    reproducible steps). Without "aux", each auxiliary output regresses the
-    condition.
+    Batches, for `fit`, `evaluate` and `train_on_batch`, are `real`,
+    `(real, condition)`, `(real, condition, aux)` or a dict with keys "real"
+    (required), "condition", "aux" and "latent". Without "aux", each auxiliary
+    output regresses the condition. "latent" gives the latent draws, for
+    reproducible steps: `(batch, latent_dim)`, reused by every update, or
+    `(batch, d_steps + g_steps, latent_dim)`, one draw per update. Otherwise
+    each rank draws its own noise.
+
+    The logs are `d_loss` and `g_loss`, and per auxiliary output
+    `d_<name>_loss` and `g_<name>_loss` (the discriminator's output names,
+    else `aux1`, `aux2`...), each the loss of the whole batch.
 
     Both optimizers take part in kdist's data parallelism: wrap each in
     `kdist.DistributedOptimizer`, or build and compile inside an
-    `MPIStrategy` or `ParameterServerStrategy` scope.
+    `MPIStrategy` or `ParameterServerStrategy` scope. `optimizers` lists
+    them, for kdist's callbacks (broadcast, checkpoints) to find both.
+
+    Saving: `gan.save("gan.keras")` and `keras.models.load_model` restore
+    both models, both optimizers' state and the loss settings
+    (`get_config`, `get_compile_config`). The legacy `.h5` format cannot:
+    saving to it raises `ValueError`; save the weights alone with
+    `gan.save_weights("gan.weights.h5")`.
 
     Args:
-        generator: a `keras.Model` from noise (and condition) to samples.
-        discriminator: a `keras.Model` from samples to a real/fake score and
-            optional auxiliary outputs.
+        generator: a built `keras.Model` from noise (and condition) to samples.
+        discriminator: a built `keras.Model` from samples to a real/fake
+            score and optional auxiliary outputs; not the generator itself.
         latent_dim: size of the noise vector; read from the generator's first
             input when omitted.
-        d_steps: discriminator updates per batch.
-        g_steps: generator updates per batch.
+        d_steps: discriminator updates per batch (at least 1).
+        g_steps: generator updates per batch (at least 1).
         seed: seed of the latent noise.
+
+    Raises:
+        TypeError: a model that is not a `keras.Model`.
+        ValueError: one model passed as both, `d_steps` or `g_steps` below 1,
+            a model that is not built, or a generator whose first input has
+            no fixed size and no `latent_dim`.
 
     Example:
 
@@ -75,7 +95,8 @@ class GAN(keras.Model):
 
     @property
     def optimizers(self):
-        """The discriminator's and the generator's optimizer, in that order."""
+        """`[d_optimizer, g_optimizer]` once compiled (empty before). kdist's
+        callbacks that broadcast, check or save optimizer state read both here."""
         return [self.d_optimizer, self.g_optimizer] if self.compiled else []
 
     def compile(self, d_optimizer, g_optimizer, loss="binary_crossentropy", aux_losses=None,
@@ -92,8 +113,19 @@ class GAN(keras.Model):
             aux_losses: one loss per auxiliary discriminator output.
             aux_loss_weights: their weights (default 1 each).
             adversarial_weight: the weight of the adversarial loss.
-            label_smoothing: one-sided smoothing: the discriminator's target
-                for real samples is `1 - label_smoothing`.
+            label_smoothing: one-sided smoothing, in [0, 1): the
+                discriminator's target for real samples is
+                `1 - label_smoothing`.
+            **kwargs: passed to `keras.Model.compile`.
+
+        Under Keras's `mixed_float16` global policy, both optimizers are
+        wrapped in `kdist.precision.LossScaleOptimizer` (unless they are loss
+        scale optimizers already), so that ranks agree on which steps overflow.
+
+        Raises:
+            ValueError: a missing optimizer or one object given as both;
+                `label_smoothing` outside [0, 1); not one loss (or one weight)
+                per auxiliary output; an unknown loss.
         """
         d_optimizer = keras.optimizers.get(d_optimizer)
         g_optimizer = keras.optimizers.get(g_optimizer)
@@ -151,7 +183,18 @@ class GAN(keras.Model):
         return self.generator(inputs, training=training)
 
     def generate(self, condition=None, count=None, seed=None, batch_size=256):
-        """Generated samples as numpy, one per condition row (or `count` of them)."""
+        """Generated samples as numpy, one per condition row (or `count` of them).
+
+        Args:
+            condition: for a conditional generator, one row per sample.
+            count: for an unconditional one, how many samples.
+            seed: seed of the latent noise (numpy's generator).
+            batch_size: samples per generator call.
+
+        Raises:
+            ValueError: no `condition` for a conditional generator, or no
+                `count` for another.
+        """
         import numpy as np
 
         if self.conditional:
@@ -256,7 +299,12 @@ class GAN(keras.Model):
 
     # Serialisation.
     def save(self, filepath, overwrite=True, zipped=None, **kwargs):
-        """Saves the GAN to a `.keras` file: both models, both optimizers, the settings."""
+        """Saves the GAN to a `.keras` file: both models, both optimizers, the settings.
+
+        Raises:
+            ValueError: a `.h5` or `.hdf5` path: the legacy format holds one
+                optimizer and names the model's class without its package.
+        """
         if str(filepath).endswith((".h5", ".hdf5")):
             raise ValueError(
                 f"Cannot save a GAN to {str(filepath)!r}: the legacy .h5 format holds one "

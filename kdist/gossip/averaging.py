@@ -30,30 +30,44 @@ logger = logging.getLogger(__name__)
 class GossipAveraging(keras.callbacks.Callback):
     """Averages each rank's weights with its neighbours' every `period` batches.
 
-    Compile the model with a plain (local) optimizer: each rank trains its
-    own replica on its own shard, and this callback mixes the replicas. At
-    each epoch's end it adds `consensus_distance` to the logs, the
-    root-mean-square distance of the replicas from their mean (one
-    allreduce; 0 means every rank holds the same weights).
+    A Keras callback. Every `period` training batches, each rank replaces its
+    weights by the Metropolis-weighted average of its own and its neighbours'
+    on `topology` (`kdist.gossip.Topology`). Compile the model with a plain
+    (local) optimizer: each rank trains its own replica on its own shard, and
+    this callback mixes the replicas. At each epoch's end it adds
+    `consensus_distance` to the logs, the root-mean-square distance of the
+    replicas from their mean (one allreduce; 0 means every rank holds the
+    same weights).
 
-    After training, `rounds` counts this rank's averagings, `mixed` the
-    neighbours' vectors it mixed in, and `bytes_sent` what it sent.
+    For custom loops, `average()` runs one round and `consensus_distance()`
+    measures (a collective). After training, `rounds` counts this rank's
+    averagings, `mixed` the neighbours' vectors it mixed in, and `bytes_sent`
+    what it sent.
 
     Args:
-        topology: `"ring"`, `"torus"`, `"exponential"`, `"complete"` or a
-            `kdist.gossip.Topology` over the job's ranks.
-        period: local steps between two averagings.
+        topology: `"ring"`, `"torus"` (the squarest grid of the job's size),
+            `"exponential"`, `"complete"` or a `kdist.gossip.Topology` over
+            the job's ranks.
+        period: local steps between two averagings (a whole number, at
+            least 1).
         asynchronous: mix in whichever neighbours' weights have arrived, never
-            waiting; else every averaging waits for all neighbours.
+            waiting (weight not given to a neighbour that sent nothing stays
+            with this rank); else every averaging waits for all neighbours.
         final_average: at the end of training, replace every replica by the
             mean of all (one allreduce), so every rank saves the same model.
-        include_non_trainable: mix non-trainable weights too (normalisation
-            statistics).
+        include_non_trainable: mix floating-point non-trainable weights too
+            (normalisation statistics).
         consensus_every: measure the consensus distance every this many
             epochs; 0 never (the measurement is a collective, which makes
             every rank wait for the slowest once per epoch: turn it off where
             asynchronous ranks should never wait).
         comm: the `kdist.comm.Communicator` (the world by default).
+
+    Raises:
+        ValueError: `period` below 1 or `consensus_every` below 0 (when
+            created); when training starts, a model compiled with
+            `kdist.DistributedOptimizer`, a job of one rank, an unknown
+            topology name or a `Topology` of another size.
 
     Example:
 

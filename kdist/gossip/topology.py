@@ -17,10 +17,22 @@ from kdist._args import whole_number
 class Topology:
     """An undirected, connected graph over `size` ranks.
 
+    Constructors for the usual graphs: `Topology.ring(size)`,
+    `Topology.torus(rows, cols)`, `Topology.exponential(size)` and
+    `Topology.complete(size)`. A rank averages with its neighbours using
+    Metropolis weights (`weights`, `mixing_matrix`); `spectral_gap()` says how
+    fast repeated averaging brings the replicas together.
+
     Args:
         adjacency: a `size x size` 0/1 matrix (symmetric, zero diagonal), or
             a list whose entry i holds rank i's neighbours.
         name: a label for logs.
+
+    Raises:
+        ValueError: one-way edges, a rank listed as its own neighbour, a
+            neighbour outside the ranks, no ranks, or a graph that is not
+            connected.
+        TypeError: `adjacency` is neither a matrix nor a list of lists.
 
     Example:
 
@@ -29,6 +41,8 @@ class Topology:
         ([1, 3], {1: 0.3333333333333333, 3: 0.3333333333333333})
         >>> round(ring.spectral_gap(), 4)
         0.6667
+        >>> Topology.torus(2, 3).neighbours(0)
+        [1, 2, 3]
     """
 
     def __init__(self, adjacency, name="graph"):
@@ -114,9 +128,11 @@ class Topology:
                    name=f"complete({size})")
 
     def neighbours(self, rank):
+        """Rank `rank`'s neighbours, in increasing order."""
         return [int(j) for j in np.flatnonzero(self.matrix[rank])]
 
     def degree(self, rank):
+        """How many neighbours rank `rank` has."""
         return int(self.matrix[rank].sum())
 
     def weights(self, rank):
@@ -125,6 +141,8 @@ class Topology:
                 for j in self.neighbours(rank)}
 
     def mixing_matrix(self):
+        """The `size x size` matrix of Metropolis weights: row i averages rank i's
+        replica with its neighbours'. Symmetric, each row and column summing to 1."""
         mixing = np.zeros((self.size, self.size))
         for i in range(self.size):
             for j, weight in self.weights(i).items():

@@ -13,12 +13,18 @@ class LocalGradientAggregator:
     it reduces the sums across ranks, applies them and `reset`s. Resetting
     assigns zeros rather than scaling by zero, so an infinite gradient in one
     cycle does not turn the next cycle's sums into NaN. Horovod scripts reach
-    this object as `optimizer._agg_helper`.
+    this object as `optimizer._agg_helper`. Sparse gradients (`tf.IndexedSlices`) are
+    added into dense accumulators.
 
     Args:
         optimizer: the Keras optimizer that owns the variables made here.
         backward_passes_per_step: passes per cycle (at least 2).
         average_aggregated_gradients: divide the reduced sums by that number.
+
+    Attributes:
+        counter: an int32 variable, the passes added since the last reset.
+        accumulators: one variable per trainable variable, in the optimizer's variable
+            order, holding this rank's sums (made by `build`).
 
     Example:
 

@@ -36,14 +36,58 @@ logger = logging.getLogger(__name__)
 class AllreduceOptimizer(keras.optimizers.Optimizer):
     """Wraps a Keras optimizer so that every rank applies the same reduced gradient.
 
-    Gradients are packed into buckets (one collective per bucket, one bucket
-    for most models) and averaged (or summed) over the ranks before the
-    wrapped optimizer applies them, so all ranks keep identical weights. Most
-    users reach this class through `kdist.DistributedOptimizer`, Horovod's
-    name for it.
+    The class behind `kdist.DistributedOptimizer` (Horovod's name for it, which most
+    users call), a `keras.optimizers.Optimizer`. Gradients are packed into buckets (one
+    collective per bucket, one bucket for most models) and averaged (or summed) over the
+    ranks before the wrapped optimizer applies them, so all ranks keep identical weights.
+    Before the first update it checks that the ranks start from the same weights, as
+    `kdist.DistributedOptimizer` describes.
+
+    The wrapper reads like the optimizer it wraps: an attribute it does not have itself
+    comes from the wrapped optimizer (`opt.momentum`, `opt.nesterov`, `opt.beta_1`), and
+    `learning_rate` and `iterations` are the wrapped optimizer's. It is not an instance of
+    the wrapped class: `isinstance(opt, keras.optimizers.SGD)` is False; test
+    `isinstance(opt.inner_optimizer, keras.optimizers.SGD)` instead. A name neither has
+    raises `AttributeError` naming both.
+
+    Two ways to hand it gradients, both reducing them exactly once:
+
+    - Keras 3's: `apply(grads, trainable_variables)` (what `model.fit` calls) and
+      `apply_gradients(grads_and_vars)` take this rank's own gradients and reduce them.
+    - Horovod's: `compute_gradients(loss, var_list, tape=None)` and
+      `_compute_gradients(loss, var_list, grad_loss=None, tape=None)` return
+      `[(gradient, variable)]` with the gradients already reduced; `loss` is a function
+      of no arguments, or a tensor computed under `tape` (a tensor loss without a tape
+      raises `ValueError`). Passing the result to `apply_gradients` in the same context
+      (eagerly, or in the same traced function) applies it without reducing it again,
+      also after a transformation such as clipping. `minimize(loss, var_list,
+      grad_loss=None, name=None, tape=None)` does both. `apply_gradients` accepts and
+      ignores TF-Keras 2 keywords (`experimental_aggregate_gradients=...`) and returns
+      `iterations`.
+
+    With `backward_passes_per_step=N > 1` each backward pass adds this rank's gradients
+    to accumulators (sparse gradients too: the accumulators are dense); every N-th pass
+    reduces the sums (divided by N with `average_aggregated_gradients`), applies them and
+    resets the accumulators by assigning zeros. Through Horovod's protocol,
+    `_compute_gradients` returns the reduced sums on that pass and the local sums so far
+    on the others, and `apply_gradients` applies only after a reduction.
+
+    It is registered with Keras serialization, so a model compiled with it saves to
+    `.keras` or `.h5` and loads with `keras.models.load_model` once kdist is imported,
+    with its state (step count and slots). Keras's `.h5` loader builds an optimizer for
+    no variables (it asks the model for its own, and a model made of layers has none);
+    this optimizer then stays unbuilt, restores its step count at once and the rest when
+    `fit` (or a kdist callback) builds it for the model's variables. `get_config()` holds
+    every argument (the wrapped optimizer serialised, groups and local variables as
+    variable paths) and `from_config(config)` rebuilds the optimizer.
+
+    On more than one rank, building it under the `mixed_float16` policy without kdist's
+    loss scaling raises `ValueError`: the policy was set after the optimizer was created,
+    so ranks could disagree about skipping a step. Call `kdist.precision.enable` first,
+    or wrap it in `kdist.precision.LossScaleOptimizer`.
 
     Args:
-        optimizer: the `keras.optimizers.Optimizer` to wrap.
+        optimizer: the Keras 3 optimizer to wrap, or its name or config (`"adam"`).
         compression: `kdist.Compression.none` (default), `.fp16` or `.topk(ratio)`.
         backward_passes_per_step: sum this many local gradients before each
             allreduce and update (a whole number, at least 1).
@@ -55,9 +99,10 @@ class AllreduceOptimizer(keras.optimizers.Optimizer):
             backward pass (`kdist plan --measure` recommends a size).
         num_groups: if positive, split the gradients into about this many
             collectives of equal size instead (overrides `bucket_bytes`).
-        name: the optimizer's name.
-        comm: the `kdist.comm.Communicator` to reduce over (the world by default).
-        op: `kdist.Average` (default) or `kdist.Sum`.
+        name: the optimizer's name; default `"distributed_" + optimizer.name`.
+        comm: the `kdist.comm.Communicator` to reduce over (the world by default). There
+            is no `process_set` here: `kdist.DistributedOptimizer` takes one.
+        op: `kdist.Average` (None, the default) or `kdist.Sum`.
         gradient_predivide_factor: with `op=kdist.Average`, scale gradients by
             `1 / f` before the sum and by `f / size` after it.
         sparse_as_dense: reduce `tf.IndexedSlices` gradients (embeddings) as
@@ -70,6 +115,37 @@ class AllreduceOptimizer(keras.optimizers.Optimizer):
             stay on this rank (see `register_local_var`).
         scale_local_gradients: divide local variables' gradients by the
             number of ranks, as Horovod does.
+
+    Attributes:
+        inner_optimizer: the wrapped optimizer.
+        learning_rate: the wrapped optimizer's learning rate; assigning to it sets the
+            wrapped optimizer's.
+        iterations: the wrapped optimizer's step counter. It counts every backward pass,
+            also the passes that only accumulate.
+        variables: the wrapper's own step count and learning rate (both unused) and, with
+            `backward_passes_per_step > 1`, its pass counter; then the wrapped optimizer's
+            variables; then the gradient accumulators. `set_weights` takes values in this
+            order.
+        comm: the `kdist.comm.Communicator` it reduces over.
+        op: `kdist.Average` or `kdist.Sum`. Like it, `compression`,
+            `backward_passes_per_step`, `average_aggregated_gradients`,
+            `gradient_predivide_factor`, `sparse_as_dense`, `bucket_bytes`, `num_groups`
+            and `scale_local_gradients` hold the arguments as given.
+        groups: the explicit groups (lists of variables or paths), or None; a number of
+            groups is in `num_groups`.
+        _agg_helper: with `backward_passes_per_step > 1`, the
+            `kdist.optimizers.LocalGradientAggregator` (Horovod's name for it): its
+            `counter` variable holds the passes since the last reduction, `accumulators`
+            the sums. None otherwise.
+        reduces_gradients: True. `kdist.precision.LossScaleOptimizer` reads it to reduce
+            the gradients itself, before checking them (see `reduced_upstream`).
+
+    Raises:
+        TypeError: `optimizer` is not a Keras 3 optimizer (a TF-Keras 2 one gets the name
+            of the Keras 3 class to use); an unknown keyword argument; anything
+            `register_local_var` refuses in `local_variables`.
+        ValueError: `optimizer` is already an `AllreduceOptimizer`; `num_groups < 0`; the
+            argument errors listed under `kdist.DistributedOptimizer`.
 
     Example:
 
@@ -129,7 +205,12 @@ class AllreduceOptimizer(keras.optimizers.Optimizer):
 
     @contextlib.contextmanager
     def reduced_upstream(self):
-        """While tracing inside it, `apply` takes gradients that are already averaged."""
+        """While tracing inside it, `apply` takes gradients that are already averaged.
+
+        `kdist.precision.LossScaleOptimizer` reduces the gradients itself (with
+        `allreduce_gradients`) before it checks them for overflow, then applies them
+        inside this context so that they are not reduced a second time.
+        """
         self._upstream = True
         try:
             yield
@@ -217,8 +298,12 @@ class AllreduceOptimizer(keras.optimizers.Optimizer):
         """Sets this optimizer's state: values in the order of `variables`.
 
         Before the optimizer is built (Keras's .h5 loader restores it that way)
-        the step count and learning rate are set at once and the rest when
-        `build` creates the variables for the model.
+        the variables that exist (the step count among them) are set at once and
+        the rest when `build` creates the variables for the model.
+
+        Raises:
+            ValueError: values that do not fit the variables (a state saved for other
+                variables): another count (before `build`: fewer than exist) or shape.
         """
         values = [np.asarray(w) for w in weights]
         if self.built:
@@ -262,6 +347,9 @@ class AllreduceOptimizer(keras.optimizers.Optimizer):
         when gradients are reduced, so an unbuilt layer works) or a variable
         path. With `scale_local_gradients` the local gradient is divided by
         the number of ranks, as Horovod does.
+
+        Raises:
+            TypeError: `var` is none of those.
         """
         if not (isinstance(var, (str, keras.layers.Layer)) or _is_variable(var)):
             raise TypeError("register_local_var takes a variable, a layer or a variable path; "
@@ -330,15 +418,20 @@ class AllreduceOptimizer(keras.optimizers.Optimizer):
         return list(zip(reduced, var_list))
 
     def minimize(self, loss, var_list, grad_loss=None, name=None, tape=None):
-        """Computes, reduces and applies gradients; returns `iterations`."""
+        """Computes, reduces and applies gradients; returns `iterations`.
+
+        `loss` is a function of no arguments, or a tensor computed under `tape`.
+        """
         return self.apply_gradients(self._compute_gradients(loss, var_list, grad_loss, tape))
 
     def apply_gradients(self, grads_and_vars, name=None, **kwargs):
         """Applies `(gradient, variable)` pairs, reducing them unless they are already.
 
-        TF-Keras-2 keywords (`experimental_aggregate_gradients`,
-        `skip_gradients_aggregation`) are accepted and ignored: whether to
-        reduce is decided as explained in the module docstring.
+        Gradients that `compute_gradients` returned in the same context (eagerly, or
+        in the same traced function) are applied as they are, also after a
+        transformation such as clipping; any others are this rank's own and are
+        reduced first. TF-Keras-2 keywords (`experimental_aggregate_gradients`,
+        `skip_gradients_aggregation`) are accepted and ignored. Returns `iterations`.
         """
         grads_and_vars = list(grads_and_vars)
         grads = [g for g, _ in grads_and_vars]
@@ -463,7 +556,8 @@ class AllreduceOptimizer(keras.optimizers.Optimizer):
 
         `variables`, in the same order, lets local variables and explicit
         groups be honoured; by default the variables the optimizer was built
-        with are assumed when the counts match.
+        with are assumed when the counts match. Usable in a custom `train_step`
+        that applies the result with `inner_optimizer`.
         """
         grads = list(grads)
         if variables is None and self.built:
@@ -595,17 +689,81 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
                          comm=None):
     """Horovod's `DistributedOptimizer` for Keras 3: reduces gradients over ranks.
 
-    Takes Horovod's arguments, in Horovod's order. `op` is `kdist.Average`
-    (default) or `kdist.Sum`; `kdist.Adasum` raises `ValueError`.
-    `device_dense`/`device_sparse` are accepted for compatibility (reduction
-    happens on the host). `groups` is a number of collectives or a list of
-    lists of variables fused together. `sparse_as_dense=False` exchanges
-    embedding gradients (`tf.IndexedSlices`) by allgather. `process_set` (a
-    `kdist.ProcessSet`) reduces among its ranks only.
+    Wraps `optimizer` so that every rank applies the gradient reduced over all ranks. Takes
+    Horovod's arguments, in Horovod's order. Also available as
+    `kdist.optimizers.DistributedOptimizer`. The optimizer it returns is a
+    `kdist.optimizers.AllreduceOptimizer`, described there: its attributes, Horovod's
+    `compute_gradients` protocol, gradient accumulation and saving.
 
-    Under the `mixed_float16` policy (see `kdist.precision.enable`) the result
-    also scales the loss, and whether gradients overflowed is decided by all
-    ranks together, so every rank skips the same steps.
+    Before its first update the optimizer runs what kdist's callbacks deferred for a model
+    that Keras builds in its first step (the broadcast, the restore of a checkpoint), then
+    compares every rank's weights with rank 0's. If some rank holds other values (nothing
+    broadcast them), rank 0 logs a warning naming the first such variable and every rank
+    starts from rank 0's weights (Horovod would let the ranks train apart); if the ranks
+    hold different variables (names, shapes or dtypes), it raises `ValueError`. It works
+    eagerly, in graphs and under XLA.
+
+    Args:
+        optimizer: a Keras 3 optimizer, or its name or config (`"adam"`).
+        name: the wrapper's name; default `"distributed_" + optimizer.name`.
+        device_dense: accepted for compatibility with Horovod; no effect (kdist reduces
+            on the host).
+        device_sparse: as `device_dense`.
+        compression: `kdist.Compression.none` (default), `.fp16` or `.topk(ratio)`.
+        sparse_as_dense: False (the default): `tf.IndexedSlices` gradients (embeddings)
+            are reduced by allgathering their indices and values (the values averaged with
+            `op=kdist.Average`), and a rank that has joined (`kdist.join`) takes part with
+            no rows; under XLA every rank must then have batches of the same size. True:
+            they are made dense and fused with the other gradients.
+        gradient_predivide_factor: a positive number `f`: gradients are multiplied by
+            `1 / f` before the sum and by `f / size()` after it. Other than 1 only with
+            `op=kdist.Average`.
+        op: `kdist.Average` (default) or `kdist.Sum`.
+        backward_passes_per_step: sum this many local gradients before each reduction and
+            update; a whole number (numpy integers and whole floats are accepted), at
+            least 1.
+        average_aggregated_gradients: with `backward_passes_per_step > 1`, divide the
+            summed gradient by that number.
+        num_groups: if positive, split the gradients into about this many collectives of
+            equal size (overrides `bucket_bytes`).
+        groups: a number (same as `num_groups`), or a list of lists of variables (or
+            variable paths): each list travels in one collective, variables in no list
+            travel alone.
+        process_set: a registered `kdist.ProcessSet` to reduce over instead of the world;
+            a rank outside it keeps its own gradients, as in Horovod.
+        scale_local_gradients: divide the gradients of local variables (see
+            `AllreduceOptimizer.register_local_var`) by the number of ranks, as Horovod
+            does.
+        bucket_bytes: most bytes of gradient per collective; None (the default):
+            `KDIST_BUCKET_BYTES` where set, else 64 MiB on one host and, when the job spans
+            hosts, a quarter of the gradient's bytes (between 1 and 64 MiB), so that all but
+            the last bucket can travel during the backward pass
+            (`kdist.comm.fusion.auto_bucket_bytes`; `kdist plan --measure` recommends a
+            size).
+        comm: a `kdist.comm.Communicator` to reduce over instead of the world (not with
+            `process_set`).
+
+    Returns:
+        A `kdist.optimizers.AllreduceOptimizer`. When the global dtype policy is
+        `mixed_float16` (see `kdist.precision.enable`) or `optimizer` is a
+        `keras.optimizers.LossScaleOptimizer`: a `kdist.precision.LossScaleOptimizer`
+        wrapping one, which also scales the loss and decides overflow with all ranks
+        together, so that every rank skips the same steps. A given Keras
+        `LossScaleOptimizer` is unwrapped and replaced with kdist's, keeping its
+        `initial_scale` and `dynamic_growth_steps`.
+
+    Raises:
+        ValueError: `op=kdist.Adasum` (not available in kdist: use `kdist.Average` or
+            `kdist.Sum`) or any other op; a `backward_passes_per_step` that is a fraction
+            or below 1; a `gradient_predivide_factor` that is not positive, or not 1 with
+            `op=kdist.Sum`; `groups=0`, a negative `num_groups` or a variable in two
+            groups; both `comm` and `process_set`; a `process_set` not registered
+            (`kdist.add_process_set`).
+        TypeError: a TF-Keras 2 optimizer (`tf_keras`, `keras.optimizers.legacy`), with
+            the name of the Keras 3 class to use instead, or anything else that is not a
+            Keras 3 optimizer; a number argument given something that is not a number; a
+            group that is not a list of variables or variable paths; a `process_set` that
+            is not a `kdist.ProcessSet`.
 
     Example:
 
@@ -643,7 +801,18 @@ def PartialDistributedOptimizer(optimizer, name=None, device_dense="", device_sp
 
     The gradients of the layers' trainable weights are not reduced across
     ranks (with `scale_local_gradients` they are divided by the number of
-    ranks, as Horovod does); everything else is as in `DistributedOptimizer`.
+    ranks, as Horovod does); everything else is as in `DistributedOptimizer`,
+    including what it returns and raises. Also available as
+    `kdist.optimizers.PartialDistributedOptimizer`. The arguments not listed below are
+    those of `DistributedOptimizer`; there is no `num_groups` (pass a number as `groups`).
+
+    Args:
+        local_layers: a Keras layer or a list of them. The layers may be unbuilt: their
+            weights are looked up when gradients are reduced.
+        scale_local_gradients: divide the local layers' gradients by the number of ranks.
+
+    Raises:
+        TypeError: something in `local_layers` is not a Keras layer.
 
     Example:
 

@@ -36,6 +36,11 @@ class LARS(keras.optimizers.Optimizer):
     For LAMB, the same idea on top of Adam, use Keras's own
     `keras.optimizers.Lamb`.
 
+    `learning_rate` and `iterations` are the wrapped optimizer's (assigning the
+    learning rate sets the wrapped optimizer's), and `variables` are the wrapper's own
+    then the wrapped optimizer's. LARS is registered with Keras serialization: a model
+    compiled with it saves and loads with its state, once kdist is imported.
+
     Args:
         optimizer: the `keras.optimizers.Optimizer` that applies the scaled gradients.
         eta: the trust coefficient.
@@ -43,8 +48,14 @@ class LARS(keras.optimizers.Optimizer):
         epsilon: keeps the ratio finite when the gradient vanishes.
         clip: LARC's clipping mode (see above).
         skip_vectors: leave variables of rank 0 and 1 alone.
-        exclude: substrings of variable paths to leave alone as well.
-        name: the optimizer's name.
+        exclude: substrings of variable paths to leave alone as well (a string or a
+            sequence of strings).
+        name: the optimizer's name; default `"lars"`.
+
+    Raises:
+        TypeError: `optimizer` is not a `keras.optimizers.Optimizer`, or `exclude` holds
+            something other than strings.
+        ValueError: `eta` or `epsilon` is not positive, or `weight_decay` is negative.
 
     Example:
 

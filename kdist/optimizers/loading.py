@@ -11,13 +11,20 @@ from kdist.optimizers.distributed import AllreduceOptimizer, DistributedOptimize
 def load_model(filepath, custom_optimizers=None, custom_objects=None, compression=None):
     """Loads a saved model and makes its optimizer average gradients across ranks.
 
-    Horovod's `hvd.load_model`. The model is loaded with
+    Horovod's `hvd.load_model`, also `kdist.load_model`. The model is loaded with
     `keras.models.load_model` (`.keras` or legacy `.h5`). If it was saved
     with a plain Keras optimizer, that optimizer is wrapped in
     `kdist.DistributedOptimizer(..., compression=compression)` and keeps its
-    state (step count and slots), so training resumes where it stopped; a
+    state (step count, slots, and the loss scale of a
+    `keras.optimizers.LossScaleOptimizer`), so training resumes where it stopped,
+    and the model is compiled again with its loss and metrics; a
     `kdist.gan.GAN` gets both its optimizers wrapped. A model saved with
-    kdist's optimizer loads as it was saved (`compression` does not change it).
+    kdist's optimizer loads as it was saved, its own compression included
+    (`compression` does not change it).
+
+    From `.h5` the plain optimizer's slots are read from the file, which Keras's own
+    `.h5` loader does not do: it restores only the step count and leaves an optimizer
+    that cannot train the model.
 
     Args:
         filepath: the saved model (`.keras`, `.h5` or `.hdf5`).
@@ -30,6 +37,10 @@ def load_model(filepath, custom_optimizers=None, custom_objects=None, compressio
 
     Returns:
         The loaded, compiled model.
+
+    Raises:
+        TypeError: something in `custom_optimizers` is not a subclass of
+            `keras.optimizers.Optimizer`.
 
     Example:
 

@@ -42,8 +42,34 @@ def _recording_state(tape):
 class DistributedGradientTape(tf.GradientTape):
     """A `tf.GradientTape` whose gradients are reduced over the ranks.
 
-    Wrap a tape once its forward pass is recorded; `gradient` computes this
-    rank's gradients and returns them averaged (or summed) over the ranks.
+    Horovod's tape for custom training loops, also `kdist.DistributedGradientTape`.
+    Wrap a `tf.GradientTape` once it has recorded the loss; `gradient(target, sources)`
+    computes this rank's gradients and returns them averaged (or summed) over the
+    ranks, in the structure of `sources`. They are reduced exactly as
+    `kdist.DistributedOptimizer` reduces them (the arguments mean the same): fused
+    into buckets, one collective per bucket rather than one per tensor; sparse ones
+    by allgather unless `sparse_as_dense`. It works eagerly, inside `tf.function` and
+    under XLA. The wrapper is itself a `tf.GradientTape`, persistent if the wrapped
+    tape was.
+
+    Apply the gradients with a plain Keras optimizer: a `DistributedOptimizer` would
+    reduce them a second time (for an average, the same result at the cost of a
+    second collective).
+
+    ```python
+    import keras, numpy as np, tensorflow as tf, kdist
+
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+    optimizer = keras.optimizers.SGD(0.1)
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    images, labels = np.ones((8, 4), "float32"), np.zeros(8, "int64")
+
+    with tf.GradientTape() as tape:
+        loss = loss_fn(labels, model(images, training=True))
+    tape = kdist.DistributedGradientTape(tape)
+    grads = tape.gradient(loss, model.trainable_variables)
+    optimizer.apply_gradients(zip(grads, model.trainable_variables))
+    ```
 
     Args:
         gradtape: the `tf.GradientTape` that recorded the loss.
@@ -58,14 +84,24 @@ class DistributedGradientTape(tf.GradientTape):
         num_groups: Horovod's older name for a number of `groups`.
         groups: a number of collectives, or a list of lists of variables
             fused together (variables in no list travel alone).
-        process_set: a `kdist.ProcessSet`: reduce among its ranks only.
+        process_set: a registered `kdist.ProcessSet`: reduce among its ranks only (a
+            rank outside it keeps its own gradients, as in Horovod).
         scale_local_gradients: divide the gradients of local sources
             (`register_local_source`) by the number of ranks, as Horovod does.
         bucket_bytes: most bytes of gradient per collective; None (the default):
             `KDIST_BUCKET_BYTES` where set, else 64 MiB on one host and a quarter of the
             gradient (1-64 MiB) when the job spans hosts, so that buckets overlap the
             backward pass (`kdist plan --measure` recommends a size).
-        comm: a `kdist.comm.Communicator` to reduce over instead.
+        comm: a `kdist.comm.Communicator` to reduce over instead (not with
+            `process_set`).
+
+    Raises:
+        TypeError: `gradtape` is not a `tf.GradientTape`, or this TensorFlow keeps a
+            tape's state where kdist cannot take it over (the message says to reduce
+            with `kdist.grouped_allreduce(tape.gradient(...))` instead).
+        ValueError: `gradtape` is already a `DistributedGradientTape`; and the argument
+            errors of `kdist.DistributedOptimizer` (`op=kdist.Adasum`, a bad
+            `gradient_predivide_factor`, bad groups, both `comm` and `process_set`).
 
     Example:
 
@@ -103,7 +139,11 @@ class DistributedGradientTape(tf.GradientTape):
             name="DistributedGradientTape")
 
     def register_local_source(self, source):
-        """Keeps `source`'s gradient on this rank (a variable, a layer or a variable path)."""
+        """Keeps `source`'s gradient on this rank (a variable, a layer or a variable path).
+
+        With `scale_local_gradients` the gradient is divided by the number of ranks.
+        Anything else raises `TypeError`.
+        """
         if not (is_variable(source) or isinstance(source, str)
                 or hasattr(source, "trainable_weights")):
             raise TypeError("register_local_source takes a variable, a layer or a variable "
@@ -126,7 +166,11 @@ class DistributedGradientTape(tf.GradientTape):
 
     def get_local_and_global_gradients(self, target, sources, output_gradients=None,
                                        use_generic_names=False):
-        """`(local, global)`: lists of `(variable, gradient)` split by `register_local_source`."""
+        """`(local, global)`: lists of `(source, gradient)` split by `register_local_source`.
+
+        The gradients are those `gradient(target, sources)` returns: the local ones kept
+        on this rank (and scaled with `scale_local_gradients`), the global ones reduced.
+        """
         sources = list(sources)
         gradients = self.gradient(target, sources, output_gradients=output_gradients)
         keys = self._reduction.local_keys()
@@ -144,8 +188,21 @@ def PartialDistributedGradientTape(gradtape, device_dense="", device_sparse="",
                                    scale_local_gradients=True, **kwargs):
     """A `DistributedGradientTape` that leaves `local_layers`' gradients on each rank.
 
-    With `scale_local_gradients` those gradients are divided by the number of
-    ranks, as Horovod does; everything else is as in `DistributedGradientTape`.
+    Horovod's `PartialDistributedGradientTape`, also
+    `kdist.PartialDistributedGradientTape`. With `scale_local_gradients` those gradients
+    are divided by the number of ranks, as Horovod does; everything else is as in
+    `DistributedGradientTape`, whose arguments (`bucket_bytes` and `comm` among
+    `kwargs`) this takes.
+
+    Args:
+        local_layers: a Keras layer or a list of them; they may be unbuilt.
+
+    Returns:
+        The `DistributedGradientTape`, with the layers registered as local sources.
+
+    Raises:
+        ValueError: something in `local_layers` is not a Keras layer, as in Horovod
+            (`PartialDistributedOptimizer` raises `TypeError` there).
     """
     local_layers = local_layer_list(local_layers, error=ValueError)
     tape = DistributedGradientTape(gradtape, device_dense, device_sparse, compression,

@@ -4,9 +4,17 @@
   in a GPipe or 1F1B schedule, optional recomputation, data parallelism
   across pipeline replicas.
 - `split`: cuts a Sequential model into stages.
+- `load_whole_model_weights`: loads a pipeline's weights file into the
+  whole model in one process.
+- `kdist.pipeline.schedule`: the GPipe and 1F1B orders of each stage's
+  forward and backward passes, and their bubble on an ideal clock.
 - Tensor-parallel layers (`kdist.tensor_parallel`, also reachable here and as
-  `kdist.pipeline.tensor`, their former home): a layer's kernel split
-  across a group of ranks.
+  `kdist.pipeline.tensor`, their former home; the same classes): a layer's
+  kernel split across a group of ranks. `PipelineModel(tensor_parallel=T)`
+  splits each stage over T ranks with them.
+
+The model-parallelism guide covers schedules, replicas, checkpoints and when
+to choose a pipeline, split layers or data parallelism.
 """
 
 from kdist._exports import declare as _declare

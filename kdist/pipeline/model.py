@@ -64,17 +64,67 @@ class PipelineModel(keras.Model):
             Rank `(replica * S + stage) * T + t` holds slice t of that stage.
         jit_compile: compile each stage's forward pass with XLA.
         comm: the `kdist.comm.Communicator` to span (the world by default).
+        name: the model's name.
 
-    >>> import keras, kdist, numpy as np
-    >>> from kdist.pipeline import PipelineModel
-    >>> kdist.init()
-    >>> whole = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"),
-    ...                           keras.layers.Dense(3)])
-    >>> model = PipelineModel([whole], micro_batches=2)  # one stage: a world of one
-    >>> model.compile(optimizer="sgd", loss="mse")
-    >>> history = model.fit(np.ones((8, 8)), np.zeros((8, 3)), batch_size=4, verbose=0)
-    >>> model.profile["steps"]
-    2
+    Attributes:
+        stage: this rank's stage, a `keras.Model`.
+        stage_index: which stage this rank holds (0 to S - 1).
+        replica: which pipeline replica this rank belongs to.
+        num_stages: S, the number of stages.
+        replicas: the number of pipeline replicas.
+        tensor_group: the `Communicator` of the ranks that split this
+            stage (None without `tensor_parallel`).
+        tensor_rank: this rank's place in `tensor_group` (0 without it).
+        profile: where the steps' time went, to measure the bubble:
+            `scheduled` (seconds in schedules), `waiting` (of those, idle until
+            another stage's message came), `receiving`, `forward`, `backward`,
+            `micro_batches` and `steps`; `reset_profile()` zeroes it.
+
+    Training: `compile(optimizer, loss, metrics=None, loss_weights=None,
+    weighted_metrics=None)` puts the loss and metrics on the last stage;
+    `fit`, `evaluate` and `predict` take the same data on every rank of a
+    pipeline (the first stage reads it) and report the same logs and
+    predictions on every rank. Each step runs eagerly between the stages'
+    compiled forward passes, one batch per step.
+
+    Saving: `save_weights(path)` (collective; rank 0 writes one HDF5 file) and
+    `load_weights(path)` use a file that a pipeline with any other cut or
+    replica count loads, as does the whole model in one process
+    (`kdist.pipeline.load_whole_model_weights`). `save` raises
+    `NotImplementedError`: the model is never whole in one process. `close()`
+    (collective) frees the link between the stages.
+
+    Raises:
+        ValueError: the ranks are not replicas x stages x `tensor_parallel`;
+            `micro_batches` below 1; an unknown schedule; a stage that is not
+            built; and from `compile`, a missing loss, or `jit_compile` or
+            `steps_per_execution` passed there.
+        TypeError: a stage that is neither a `keras.Model` nor a function
+            that builds one.
+
+    Example:
+
+        >>> import keras, kdist, numpy as np
+        >>> from kdist.pipeline import PipelineModel
+        >>> kdist.init()
+        >>> whole = keras.Sequential([keras.Input((8,)),
+        ...                           keras.layers.Dense(16, activation="relu"),
+        ...                           keras.layers.Dense(3)])
+        >>> model = PipelineModel([whole], micro_batches=2)  # one stage: a world of one
+        >>> model.compile(optimizer="sgd", loss="mse")
+        >>> history = model.fit(np.ones((8, 8)), np.zeros((8, 3)), batch_size=4, verbose=0)
+        >>> model.profile["steps"]
+        2
+
+        Two stages on two ranks (`kdist run -n 2 python train.py`):
+
+        ```python
+        stages = kdist.pipeline.split(whole, [1])  # Dense(16) | Dense(3)
+        model = kdist.pipeline.PipelineModel(stages, micro_batches=8, schedule="1f1b")
+        model.compile(optimizer="adam", loss="mse")
+        model.fit(x, y, batch_size=64, epochs=3)
+        model.save_weights("pipeline.weights.h5")
+        ```
     """
 
     def __init__(self, stages, micro_batches=4, schedule="1f1b", recompute=False, replicas=None,
@@ -150,6 +200,10 @@ class PipelineModel(keras.Model):
         The step always runs eagerly between the stages' compiled forward
         passes (messages go between them); pass `jit_compile=True` to the
         constructor to compile the stages with XLA.
+
+        Raises:
+            ValueError: no `loss`; `jit_compile=True` (give it to the
+                constructor); `steps_per_execution` other than 1.
         """
         CompileLoss, CompileMetrics = _keras_private.compile_loss_and_metrics()
 
@@ -552,8 +606,15 @@ def _assign_layers(layers):
 def load_whole_model_weights(model, filepath):
     """Loads a pipeline's `save_weights` file into the whole model in one process.
 
-    The model's layers with weights, in order, must be the stages' layers
-    with weights, in order.
+    Args:
+        model: the whole model, built; its layers with weights, in order
+            (descending into nested models), must be the stages' layers with
+            weights, in order.
+        filepath: a file `PipelineModel.save_weights` wrote.
+
+    Raises:
+        ValueError: the file was not written by `PipelineModel.save_weights`,
+            or it holds another model's layers (no weight is changed then).
     """
     layers = weighted_layers(model)
     stored = _read_layers(str(filepath), range(len(layers)))

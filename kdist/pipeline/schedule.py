@@ -32,8 +32,26 @@ def check(schedule):
 def actions(schedule, stage, stages, micro_batches):
     """Stage `stage`'s actions, in order, for `micro_batches` micro-batches.
 
-    >>> actions("1f1b", 0, 2, 3)
-    [('F', 0), ('F', 1), ('B', 0), ('F', 2), ('B', 1), ('B', 2)]
+    Args:
+        schedule: "gpipe" or "1f1b" (any case).
+        stage: the stage, from 0 to `stages - 1`.
+        stages: how many stages the pipeline has.
+        micro_batches: micro-batches per step, at least 1.
+
+    Returns:
+        A list of `("F", m)` (forward pass of micro-batch m) and `("B", m)`
+            (its backward pass).
+
+    Raises:
+        ValueError: an unknown schedule, a stage outside the pipeline, or no
+            micro-batch.
+
+    Example:
+
+        >>> actions("1f1b", 0, 2, 3)
+        [('F', 0), ('F', 1), ('B', 0), ('F', 2), ('B', 1), ('B', 2)]
+        >>> actions("1f1b", 1, 2, 3)
+        [('F', 0), ('B', 0), ('F', 1), ('B', 1), ('F', 2), ('B', 2)]
     """
     name = check(schedule)
     if not 0 <= stage < stages:
@@ -51,7 +69,12 @@ def actions(schedule, stage, stages, micro_batches):
 
 
 def peak_in_flight(order):
-    """The most micro-batches whose activations a stage holds at once."""
+    """The most micro-batches whose activations a stage holds at once, for an
+    `order` of actions such as `actions` returns.
+
+    >>> peak_in_flight(actions("gpipe", 0, 2, 3)), peak_in_flight(actions("1f1b", 0, 2, 3))
+    (3, 2)
+    """
     held = peak = 0
     for kind, _ in order:
         held += 1 if kind == "F" else -1

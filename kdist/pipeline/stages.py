@@ -13,7 +13,12 @@ def split(model, cuts):
 
     Returns:
         One `keras.Sequential` per stage, sharing the model's layers (and so
-        its weights).
+            its weights).
+
+    Raises:
+        TypeError: `model` is not a `keras.Sequential`.
+        ValueError: the model is not built; a cut names no layer, or the cuts
+            are not increasing positions between 1 and the number of layers - 1.
 
     >>> import keras
     >>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8),

@@ -36,13 +36,22 @@ def enable(policy="mixed_float16"):
     """Sets Keras's global dtype policy and says what it did.
 
     Call it before building models and before creating a
-    `kdist.DistributedOptimizer`, which then also scales the loss.
+    `kdist.DistributedOptimizer`, which then also scales the loss. The order
+    matters: an optimizer created before the policy was set would check for
+    overflow on each rank alone, and on more than one rank it raises
+    `ValueError` when it is built under `mixed_float16`. It starts kdist
+    (`kdist.init`) if that has not happened, and logs what the policy does
+    (on a machine without a GPU, also that `mixed_float16` is slower there
+    than `float32`).
 
     Args:
-        policy: "mixed_float16", "mixed_bfloat16" or "float32".
+        policy: "mixed_float16" (the default), "mixed_bfloat16" or "float32".
 
     Returns:
         the `keras.DTypePolicy` now in force.
+
+    Raises:
+        ValueError: any other `policy`.
 
     Example:
 
@@ -71,13 +80,60 @@ def enable(policy="mixed_float16"):
 
 
 def loss_scaling_enabled():
-    """True when the global policy needs loss scaling (mixed_float16)."""
+    """True when Keras's global dtype policy needs loss scaling (`mixed_float16`).
+
+    `kdist.DistributedOptimizer` asks it when it is created, to decide whether to wrap
+    the optimizer in `kdist.precision.LossScaleOptimizer`.
+
+    Example:
+
+        >>> import kdist
+        >>> _ = kdist.precision.enable("float32")
+        >>> kdist.precision.loss_scaling_enabled()
+        False
+    """
     return keras.config.dtype_policy().name == "mixed_float16"
 
 
 @keras.saving.register_keras_serializable(package="kdist")
 class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
     """Keras's dynamic loss scaling, with overflow decided by all ranks together.
+
+    A `keras.optimizers.LossScaleOptimizer`. Around a `kdist.optimizers.AllreduceOptimizer`
+    it averages the gradients across ranks *before* checking them: an infinity or NaN on
+    any rank makes the average non-finite on every rank, so every rank skips the same
+    steps and halves its scale together, with no extra collective; after
+    `dynamic_growth_steps` finite steps in a row the scale doubles. This works with
+    `kdist.join` (ranks with uneven data). With `backward_passes_per_step > 1` the
+    gradients are averaged at every backward pass, not once per update. Around any other
+    optimizer it behaves exactly as Keras's.
+
+    `kdist.DistributedOptimizer` creates one under the `mixed_float16` policy, or from a
+    Keras `LossScaleOptimizer` it is given, keeping that one's settings. To build one
+    yourself:
+
+    ```python
+    opt = kdist.precision.LossScaleOptimizer(
+        kdist.optimizers.AllreduceOptimizer(keras.optimizers.Adam(1e-3)),
+        initial_scale=2.0**10)
+    ```
+
+    It is registered with Keras serialization (once kdist is imported) and saves to
+    `.keras` and `.h5` with its loss scale and its inner optimizer's state;
+    `set_weights(values)` sets both, in the order of `variables`. From `.h5`, a plain
+    Keras optimizer
+    inside it keeps its step count but loses its slots (Keras's `.h5` loader builds it
+    for no variables, and the model cannot train until it is compiled again): loading
+    warns and says to save to `.keras` or to load with `kdist.load_model`, which
+    restores everything.
+
+    Args:
+        inner_optimizer: the optimizer whose loss it scales, usually an
+            `AllreduceOptimizer`.
+        initial_scale: the loss scale to start from.
+        dynamic_growth_steps: how many finite steps in a row double the scale.
+        name: the optimizer's name.
+        **kwargs: passed on to `keras.optimizers.LossScaleOptimizer`.
 
     Example:
 
@@ -105,7 +161,12 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             self.built = False
 
     def set_weights(self, weights):
-        """Sets the loss scale's state and the inner optimizer's, in the order of `variables`."""
+        """Sets the loss scale's state and the inner optimizer's, in the order of `variables`.
+
+        Raises:
+            ValueError: `build` has not made the loss scale's variables yet, or
+                `weights` holds fewer values than the loss scale has variables.
+        """
         weights = list(weights)
         own = _keras_private.optimizer_own_variables(self)
         if getattr(self, "dynamic_scale", None) is None:

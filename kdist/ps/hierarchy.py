@@ -14,6 +14,18 @@ def topology(size, submasters=0, servers=1):
     children, for a job of `size` ranks. A child of the top has parent 0,
     which stands for all `servers` top ranks.
 
+    Ranks `0` to `servers - 1` are the top servers, the next `submasters`
+    ranks sub-masters, the rest workers, dealt to the sub-masters in turn.
+
+    Args:
+        size: ranks in the job.
+        submasters: sub-masters, as in `ParameterServerStrategy`.
+        servers: top servers, as in `ParameterServerStrategy`.
+
+    Raises:
+        ValueError: fewer than `servers + 1` ranks, a negative number of
+            sub-masters, or fewer workers than sub-masters.
+
     >>> topology(4)
     ({1: 0, 2: 0, 3: 0}, {0: [1, 2, 3]})
     >>> topology(5, submasters=2)[1]

@@ -15,11 +15,20 @@ def _is_float(variable):
 
 
 class Layout:
-    """Where each variable lives in the flat vector.
+    """The models' floating-point variables as one flat float32 vector, trainable first.
+
+    Where each variable lives in the vector: `size` values in all, of which
+    the first `trainable_size` are the trainable ones. `read()` returns the
+    variables' values as a new vector, `read_(out)` writes them into `out`,
+    `write(flat)` assigns them from a vector. Variables that are not floating
+    point stay out.
 
     Args:
         models: one Keras model, or several (a generator and a discriminator)
             whose variables travel together.
+
+    Raises:
+        ValueError: the models have no floating-point variables (not built).
     """
 
     def __init__(self, models):
@@ -50,10 +59,12 @@ class Layout:
         return out
 
     def read(self):
+        """The variables' current values as a new float32 vector."""
         return self.read_(np.empty(self.size, dtype=np.float32))
 
     def write(self, flat):
-        """Assigns the values in `flat` to the variables."""
+        """Assigns the values in `flat` (`size` long) to the variables; raises
+        `ValueError` for another length."""
         if flat.shape[0] != self.size:
             raise ValueError(f"Expected {self.size} values, got {flat.shape[0]}.")
         for i, variable in enumerate(self.variables):

@@ -17,7 +17,20 @@ import numpy as np
 
 
 class MasterSGD:
-    """`c <- c + lr * v`, `v <- momentum v + u` (plain addition at the defaults)."""
+    """SGD at the master, applied in place to the central float32 buffer.
+
+    Treats a worker's update `u` as the gradient `-u`: `v <- momentum v + u`,
+    then `c <- c + lr v`, which is what `keras.optimizers.SGD` does with that
+    gradient; at the defaults, plain addition `c <- c + u`. Pass it, or
+    `"sgd"`, as `ParameterServerStrategy(master_optimizer=...)`.
+
+    Args:
+        learning_rate: > 0 (default 1).
+        momentum: in [0, 1) (default 0).
+
+    Raises:
+        ValueError: a setting outside its range.
+    """
 
     name = "sgd"
 
@@ -36,6 +49,8 @@ class MasterSGD:
         return self.learning_rate == 1.0 and self.momentum == 0.0
 
     def apply_(self, center, update, scale=1.0):
+        """Applies `update` to `center` in place, the step multiplied by `scale`
+        (`update` may be overwritten)."""
         step = self.learning_rate * scale
         if self.momentum == 0.0:
             if step == 1.0:
@@ -51,19 +66,36 @@ class MasterSGD:
         center += step * self._velocity
 
     def get_state(self):
+        """The optimizer's slots as a dict of arrays (empty before the first step)."""
         return {} if self._velocity is None else {"velocity": self._velocity}
 
     def set_state(self, state):
+        """Restores what `get_state` returned."""
         velocity = state.get("velocity")
         self._velocity = None if velocity is None else np.array(velocity, np.float32)
 
     def get_config(self):
+        """The settings as a dict with "name", as `master_optimizer` accepts it."""
         return {"name": self.name, "learning_rate": self.learning_rate,
                 "momentum": self.momentum}
 
 
 class MasterAdam:
-    """Adam on the central variable, with `-u` as the gradient."""
+    """Adam at the master, applied in place to the central float32 buffer.
+
+    Treats a worker's update `u` as the gradient `-u`; the steps match
+    `keras.optimizers.Adam` with that gradient. Pass it, or `"adam"`, as
+    `ParameterServerStrategy(master_optimizer=...)`.
+
+    Args:
+        learning_rate: > 0.
+        beta_1: in [0, 1).
+        beta_2: in [0, 1).
+        epsilon: added to the root of the second moment.
+
+    Raises:
+        ValueError: a setting outside its range.
+    """
 
     name = "adam"
 
@@ -82,6 +114,7 @@ class MasterAdam:
     adds_plainly = False
 
     def apply_(self, center, update, scale=1.0):
+        """Applies `update` to `center` in place, the step multiplied by `scale`."""
         if self._m is None:
             self._m, self._v = np.zeros_like(center), np.zeros_like(center)
             self._scratch = np.empty_like(center)
@@ -101,11 +134,14 @@ class MasterAdam:
         center += self._scratch
 
     def get_state(self):
+        """The optimizer's slots and step count as a dict of arrays (empty before
+        the first step)."""
         if self._m is None:
             return {}
         return {"m": self._m, "v": self._v, "iterations": np.array(self.iterations)}
 
     def set_state(self, state):
+        """Restores what `get_state` returned."""
         if "m" in state:
             self._m = np.array(state["m"], np.float32)
             self._v = np.array(state["v"], np.float32)
@@ -113,6 +149,7 @@ class MasterAdam:
             self.iterations = int(state["iterations"])
 
     def get_config(self):
+        """The settings as a dict with "name", as `master_optimizer` accepts it."""
         return {"name": self.name, "learning_rate": self.learning_rate, "beta_1": self.beta_1,
                 "beta_2": self.beta_2, "epsilon": self.epsilon}
 

@@ -63,6 +63,15 @@ def mean_logs(logs_by_child):
 class Server:
     """Serves `children` (ranks of `comm`) around the flat vector `center`.
 
+    The serving loop of the master, of shard servers and of sub-masters; get
+    one from `ParameterServerStrategy.make_server(models)` for a custom loop
+    and call `run()` (on a thread of its own at the top, whose other thread
+    reads `events`). A top server puts `("epoch", epoch, logs, snapshot)` on
+    `events` when every child has finished an epoch (`logs`: the children's
+    mean metrics; `snapshot`: `center`, `clock`, `rule` state and `stats`),
+    then `("done", stats)` when every child is done, or `("error", exception)`.
+    `request_stop()` asks every child to stop after its current step.
+
     Args:
         comm: the job's `kdist.comm.Communicator`.
         children: ranks that send updates to this server.
@@ -129,6 +138,11 @@ class Server:
         return self._stop.is_set()
 
     def stats(self):
+        """The serving statistics as a dict: `updates`, `staleness_mean`,
+        `staleness_max`, `staleness_histogram` (staleness -> count),
+        `utilisation` (share of the serving time spent working), `busy_seconds`,
+        `cpu_seconds` (the serving thread's), `shared_children` (children served
+        through shared memory), `clock` and `lost` (children that died)."""
         counts = self.staleness
         total = sum(counts.values())
         mean = sum(k * v for k, v in counts.items()) / total if total else 0.0

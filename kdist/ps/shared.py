@@ -28,12 +28,16 @@ class SharedSlots:
     """The shared bodies of one job's exchanges; collective over `comm`.
 
     Every rank of `comm` must create it, with the same `servers_of` (child
-    rank -> the ranks of the servers it exchanges with) and `size` (values
-    per body). A child with a server on its node allocates its two whole
-    bodies in its own part of the window; each such server maps them, and
-    one that holds a shard of the centre uses its share of them.
+    rank -> the ranks of the servers it exchanges with) and `size` (float32
+    values per body). A child with a server on its node allocates its message
+    and reply bodies in its own part of an MPI shared-memory window; each such
+    server maps them, and one that holds a shard of the centre uses its share
+    of them.
 
     Call `free()` on every rank, collectively, once no exchange is left.
+
+    Raises:
+        ValueError: the job was not started under MPI.
     """
 
     def __init__(self, comm, servers_of, size):
@@ -90,6 +94,7 @@ class SharedSlots:
         self._win.Sync()
 
     def free(self):
+        """Releases the window (collective: every rank of `comm` calls it)."""
         self._win.Unlock_all()
         self._win.Free()
         self._node.Free()

@@ -45,47 +45,87 @@ logger = logging.getLogger(__name__)
 class ParameterServerStrategy:
     """Asynchronous data parallelism with a master (and optional sub-masters).
 
+    Ranks `0` to `servers - 1` hold the centre (rank 0 is the master, which
+    also validates, runs the callbacks and checkpoints), the next `submasters`
+    ranks are sub-masters, and the rest are workers. Creating the strategy
+    starts kdist (`kdist.init()`) and checks the settings against the job's
+    size. Compile the model inside `scope()` (or pass it to `distribute`),
+    then call `model.fit` on every rank:
+
+    ```python
+    strategy = kdist.ps.ParameterServerStrategy(mode="easgd", sync_every=4)
+    with strategy.scope():
+        model = build_model()
+        model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
+    history = model.fit(x, y, epochs=10, batch_size=32, validation_data=(xv, yv))
+    ```
+
     Args:
         mode: "downpour" (workers push updates, the master applies them with
             `master_optimizer`), "easgd" (elastic averaging) or "gem"
             (Gradient Energy Matching: updates rescaled per parameter).
-        sync_every: training steps between a worker's exchanges.
-        master_optimizer: for downpour: "sgd" (plain addition, the default),
-            "adam", a config dict, or a `kdist.ps.MasterSGD`/`MasterAdam`.
-        elastic_force: EASGD's moving rate, in (0, 1].
-        elastic_step_scale: EASGD only: each worker's own progress between
-            exchanges is multiplied by this before the elastic exchange (for
-            plain SGD, the same as multiplying its learning rate). The
-            centre is an average of workers that each see 1/p of the data,
+        sync_every: training steps between a worker's exchanges (a whole
+            number, at least 1).
+        master_optimizer: Downpour's optimizer at the master: "sgd" (learning
+            rate 1, momentum 0: plain addition; the default), "adam", a dict
+            with "name" and the optimizer's arguments (e.g.
+            `{"name": "sgd", "learning_rate": 0.5}`), or a
+            `kdist.ps.MasterSGD`/`MasterAdam`.
+        elastic_force: EASGD's moving rate `a`, in (0, 1].
+        elastic_step_scale: EASGD only: each worker sends `w0 + s (w - w0)`,
+            its progress since its last exchange (from `w0` to `w`) stretched
+            by `s` (for plain SGD, the same as multiplying its learning rate).
+            The centre is an average of workers that each see 1/p of the data,
             so at the compiled rate it learns about p times slower per epoch
             than Downpour's, which sums their steps. "workers" (the default)
-            scales by the number of workers p, so that one worker's step
-            moves the centre about as far as in Downpour; 1 trains each
-            worker exactly as compiled.
+            takes `s` = p, the number of workers, so that one worker's step
+            moves the centre about as far as in Downpour; a positive number
+            sets `s`; 1 trains each worker exactly as compiled.
         gem_momentum: the momentum `mu` GEM assumes for each worker, in [0, 1).
         gem_kappa: GEM's target multiple of one worker's momentum (> 0).
-        submasters: sub-masters between the master and the workers.
-        servers: top servers that split the centre between them, each
-            holding one contiguous shard of about equal size (ranks 0 to
-            servers-1; rank 0 is also the master). Every child of the top
-            exchanges its shard with each of them at once, so the work and
-            the traffic of each update are divided among them.
+        submasters: sub-masters between the master and the workers; workers
+            are dealt to them in turn, and each needs at least one.
+        servers: top servers that split the centre between them (a whole
+            number, at least 1), each holding one contiguous shard of about
+            `1/servers` of it (ranks 0 to servers-1; rank 0 is also the
+            master). Every child of the top exchanges its shard with each of
+            them at once, so the work and the traffic of each update are
+            divided among them. Not with pruned models.
         validate_every: the master validates every this many epochs.
-        staleness_aware: scale each update by 1/staleness (downpour, gem).
-        checkpoint_dir: where the master keeps its whole state after every
+        staleness_aware: divide each Downpour or GEM update by its staleness
+            (the central updates applied since its sender last pulled).
+        checkpoint_dir: the master writes its whole state (centre, rule
+            state, clock, epoch, history) to `master.npz` there after every
             epoch; a rerun of the same command resumes from it.
-        shard: split array or dataset inputs between workers (each gets every
-            n-th row). With False, each rank trains on what it is given.
+        shard: split array or `tf.data` inputs between workers (each gets
+            every n-th row). With False, each rank trains on what it is given.
         fault_tolerant: carry on when workers die, with the survivors. Needs
-            Open MPI's fault tolerance: `mpiexec --with-ft ulfm`. Without it
+            Open MPI's fault tolerance: start the job with
+            `kdist run --fault-tolerant` (`mpiexec --with-ft ulfm`). Without it
             (the default) a dead worker ends the whole job.
         shared_memory: in `fit`, a server and its children on the same node
-            exchange through an MPI shared-memory window: only a small
+            exchange through an MPI shared-memory window: only a 64-byte
             header travels and the server reads and writes the children's
-            buffers in place (`kdist.ps.shared`). Children on other nodes use
-            messages. Not used with `fault_tolerant`, or by the lower-level
-            `worker_session`/`make_server`.
+            buffers in place (`kdist.ps.shared.SharedSlots`). Children on other
+            nodes use messages. Not used with `fault_tolerant`, or by the
+            lower-level `worker_session`/`make_server`.
         comm: the `kdist.comm.Communicator` to run on (default: the world).
+
+    Attributes:
+        stats: after `fit`, on servers: `updates`, `staleness_mean`,
+            `staleness_max`, `staleness_histogram` (staleness -> count),
+            `utilisation` (fraction of the serving time spent working),
+            `busy_seconds`, `cpu_seconds` (the serving thread's CPU time),
+            `shared_children` (children served through shared memory),
+            `clock` (updates applied so far) and `lost` (ranks that died).
+            None before `fit` and on workers.
+        epoch_stats: on the master, the same per epoch (with `epoch`).
+        comm: the communicator.
+
+    Raises:
+        ValueError: an unknown `mode` or `master_optimizer`, a setting out of
+            its range, or a job too small for its servers and sub-masters
+            (at least `servers + 1` ranks, and one worker per sub-master).
     """
 
     def __init__(self, mode="downpour", sync_every=1, master_optimizer="sgd",
@@ -140,10 +180,13 @@ class ParameterServerStrategy:
     # Roles.
     @property
     def rank(self):
+        """This process's rank in `comm`."""
         return self.comm.rank
 
     @property
     def is_master(self):
+        """True on rank 0, which holds the centre (or its first shard) and runs
+        validation, callbacks and checkpoints."""
         return self.rank == 0
 
     @property
@@ -153,14 +196,17 @@ class ParameterServerStrategy:
 
     @property
     def is_submaster(self):
+        """True on the `submasters` ranks after the top servers."""
         return self.servers <= self.rank < self.servers + self.submasters
 
     @property
     def is_worker(self):
+        """True on the ranks that train: all after the servers and sub-masters."""
         return self.rank >= self.servers + self.submasters
 
     @property
     def num_workers(self):
+        """How many ranks train."""
         return len(workers(self.comm.size, self.submasters, self.servers))
 
     @property
@@ -180,6 +226,8 @@ class ParameterServerStrategy:
         return list(range(self.servers)) if parent == 0 else [parent]
 
     def get_config(self):
+        """The settings as a dict (the master optimizer as its config), as the
+        checkpoint records them: a resumed run must use the same."""
         return {"mode": self.mode, "sync_every": self.sync_every,
                 "master_optimizer": master_optimizers.get(self.master_optimizer).get_config(),
                 "elastic_force": self.elastic_force,
@@ -233,10 +281,46 @@ class ParameterServerStrategy:
             sample_weight=None, worker_callbacks=None, **fit_kwargs):
         """Trains `model` on every rank; the same call everywhere.
 
-        Workers run Keras `fit` on their shard (`batch_size` rows per step,
-        `fit_kwargs` passed on) with `worker_callbacks` (for instance a
-        learning-rate schedule of the workers' optimizer). The master runs
-        `callbacks` on the central model and validates it.
+        What `model.fit` calls once the model is in `scope()` or passed to
+        `distribute`. Workers run Keras `fit` on their shard (`batch_size`
+        rows per step) with `worker_callbacks` (for instance a learning-rate
+        schedule of the workers' optimizer) and `fit_kwargs` (e.g. `shuffle`,
+        `class_weight`, `steps_per_epoch`). The master runs `callbacks` on
+        the central model, validates it on `validation_data` every
+        `validate_every` epochs, prints each epoch's line (unless
+        `verbose=0`) and logs the workers' mean training metrics. A callback
+        that sets `model.stop_training` stops every worker. After `fit`, every
+        rank holds the final central weights.
+
+        Args:
+            model: the compiled model, the same on every rank.
+            x: the training inputs, split between the workers when the
+                strategy's `shard` is True (also `y` and `sample_weight`).
+            y: the targets.
+            epochs: as for Keras `fit`.
+            batch_size: rows per worker step.
+            verbose: 0 silences the master's per-epoch lines and summary.
+            callbacks: Keras callbacks, run on the master.
+            validation_data: data the master evaluates the central model on.
+            validation_split: the last fraction of numpy inputs kept for
+                validation, as Keras does.
+            initial_epoch: as for Keras `fit`.
+            sample_weight: per-row weights.
+            worker_callbacks: Keras callbacks, run on every worker.
+            **fit_kwargs: passed to the workers' Keras `fit`.
+
+        Returns:
+            The central History (workers' mean metrics, the central model's
+                validation metrics) on the master, the worker's own History on a
+                worker, and an empty one on sub-masters and shard servers.
+
+        Raises:
+            ValueError: the model is not compiled; ranks built different
+                models; both `validation_data` and `validation_split`, or a
+                `validation_split` without numpy inputs; a pruned model with
+                `servers` > 1.
+            RuntimeError: the master or a shard server stopped serving (the
+                cause is chained).
         """
         if getattr(model, "optimizer", None) is None and not getattr(model, "optimizers", None):
             raise ValueError("Compile the model (inside strategy.scope()) before fit.")
@@ -300,7 +384,14 @@ class ParameterServerStrategy:
 
     # Lower-level API.
     def worker_session(self, models):
-        """A `WorkerSession` for a custom loop on a worker rank (see `kdist.ps.worker`)."""
+        """A `WorkerSession` for a custom loop on a worker rank.
+
+        Args:
+            models: the model (or a list of models) this worker trains.
+
+        Raises:
+            ValueError: this rank is a server; call `make_server` there.
+        """
         if not self.is_worker:
             raise ValueError(f"Rank {self.rank} is a server, not a worker; call make_server() "
                              "there.")
@@ -315,6 +406,17 @@ class ParameterServerStrategy:
         Call `run()` on it; at the top, read `events` for ("epoch", epoch,
         logs, snapshot), then ("done", stats) or ("error", exception). With
         `servers` > 1 each top server's `center` is its shard of the whole.
+
+        Args:
+            models: the model (or a list of models) whose variables form the
+                centre (`kdist.ps.Layout`).
+            center: the starting centre as a flat float32 vector (default:
+                the models' current values).
+            first_epoch: the epoch a resumed run starts at.
+            clock: the update count a resumed run starts at.
+
+        Raises:
+            ValueError: this rank is a worker; call `worker_session` there.
         """
         layout = Layout(models)
         return self._server(layout, layout.read() if center is None else center,

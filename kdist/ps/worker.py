@@ -29,9 +29,32 @@ from kdist.ps.exchange import ServerExchange
 class WorkerSession:
     """Keeps a replica (the variables of `layout`) in step with its server.
 
+    Get one from `ParameterServerStrategy.worker_session(models)`, for a
+    custom training loop on a worker rank: call `step()` after each training
+    step, `end_epoch(epoch, logs)` after each epoch and `finish()` at the end.
+    `step` and `end_epoch` return True once the master asked to stop.
+    `SyncCallback(session)` drives one from Keras `fit`.
+
     A worker that sends its weights (EASGD) first stretches its progress since
     its last exchange by `step_scale` (the strategy's `elastic_step_scale`);
     the others send the change of their weights since then.
+
+    Args:
+        comm: the job's `kdist.comm.Communicator`.
+        parent: the server's rank, or the ranks of the top servers that each
+            hold one shard of the centre.
+        layout: the replica's `kdist.ps.Layout`.
+        sends_weights: True for EASGD (send the weights), False for
+            Downpour and GEM (send the update since the last pull).
+        sync_every: training steps between two exchanges.
+        slots: a `kdist.ps.shared.SharedSlots` for exchanges through shared
+            memory, or None for messages.
+        step_scale: EASGD's stretch of the worker's own progress.
+
+    Attributes:
+        steps: training steps counted so far.
+        exchanges: exchanges made so far.
+        stop_requested: True once the master asked to stop.
     """
 
     def __init__(self, comm, parent, layout, sends_weights, sync_every, slots=None,
@@ -83,7 +106,16 @@ class WorkerSession:
 
 
 class SyncCallback(keras.callbacks.Callback):
-    """Runs a `WorkerSession` from inside `model.fit`."""
+    """Runs a `WorkerSession` from inside `model.fit`.
+
+    After each batch it calls `session.step()`, at each epoch's end
+    `session.end_epoch(epoch, logs)`, at the end of training
+    `session.finish()`; it sets `model.stop_training` once the master asks to
+    stop. `ParameterServerStrategy.fit` adds one to every worker's callbacks.
+
+    Args:
+        session: the worker's `WorkerSession`.
+    """
 
     def __init__(self, session):
         super().__init__()

@@ -7,8 +7,33 @@
 >>> model.compile("adam", "mse")  # then fit with callbacks=[kdist.sparsity.UpdatePruning()]
 >>> final = kdist.sparsity.strip(model)
 
-tf_keras models are handed to tensorflow-model-optimization (extra `tfmot`);
-`kdist.tfmot` gives tfmot's own import paths for Keras 3 models.
+How the parts fit:
+
+- Pruning: `prune` wraps layers in `PruneLowMagnitude`; a `PruningSchedule`
+  (`ConstantSparsity`, `PolynomialDecay`) says when and how much; the `UpdatePruning`
+  callback moves the masks, which `magnitude_mask`, `block_mask` and `n_of_m_mask` compute.
+- Quantization-aware training: `quantize` wraps layers in `QuantizeAware` (kdist's
+  scheme); `quantize_annotate_layer` or `quantize_annotate_model`, then `quantize_apply`,
+  quantise chosen layers; `SyncQuantizeRanges` keeps output ranges equal on
+  data-parallel ranks.
+- Choosing per layer: a `QuantizeConfig` with `Quantizer`s, applied by
+  `QuantizeWithConfig`; `QuantizeRegistry` gives each Keras layer its default config.
+- Inputs and outputs: `quantize_inputs` (a `QuantizeLayer` after each input),
+  `fix_input_output_range`, `remove_input_range`.
+- Back to plain layers: `strip`.
+- Export: `export_quantized` (integer codes and scales), `export_tflite` and `run_tflite`,
+  `keras_int8`, and `export_hls4ml` with `FixedType` for FPGA firmware.
+- Reports: `sparsity_of`, `pruned_layers`, `PruningSummaries`.
+
+`PruneLowMagnitude` and `QuantizeAware` are `KernelWrapper`s: each calls its layer with a
+transformed kernel, and they nest. Every kdist layer, schedule and quantizer is registered
+with Keras, so a model saved with `model.save` loads with `keras.models.load_model` in any
+process that has imported kdist.
+
+tf_keras (Keras 2) models are handed to tensorflow-model-optimization (extra `tfmot`) by
+`prune`, `strip`, `quantize` (8 bits, per channel, activations quantised) and the
+`UpdatePruning` callback; the other functions take Keras 3 models only. `kdist.tfmot`
+gives tfmot's own import paths for Keras 3 models.
 """
 
 from kdist._exports import declare as _declare

@@ -25,8 +25,20 @@ from kdist.sparsity.wrapping import (build_from_call, builds_from_several_inputs
 class QuantizeAnnotate(keras.layers.Wrapper):
     """Marks its layer for `quantize_apply`; computes exactly what the layer does.
 
-    `quantize_config`: a `QuantizeConfig` saying how to quantise the layer,
-    or None for kdist's own scheme.
+    It calls its layer with whatever it is called with (several inputs,
+    keyword inputs, no inputs), so a marked model trains and predicts as the
+    unmarked one.
+
+    Args:
+        layer: the layer to mark (not a model).
+        quantize_config: a `QuantizeConfig` saying how to quantise the layer,
+            or None for kdist's own scheme.
+        **kwargs: Keras wrapper arguments; the name defaults to
+            `quantize_annotate_<layer name>`.
+
+    Raises:
+        ValueError: `layer` is a model.
+        TypeError: `quantize_config` lacks a `QuantizeConfig`'s methods.
     """
 
     def __init__(self, layer, quantize_config=None, **kwargs):
@@ -83,6 +95,20 @@ class QuantizeAnnotate(keras.layers.Wrapper):
 def quantize_annotate_layer(to_annotate, quantize_config=None):
     """Marks one layer to be quantised by `quantize_apply` (as `quantize_config` says).
 
+    Args:
+        to_annotate: the layer to mark; a layer already marked is returned as
+            it is.
+        quantize_config: a `QuantizeConfig` saying how to quantise it, or None
+            for kdist's scheme (`QuantizeAware`).
+
+    Returns:
+        A `QuantizeAnnotate` around the layer, to use in its place.
+
+    Raises:
+        TypeError: `to_annotate` is a model or not a layer (use
+            `quantize_annotate_model`), or `quantize_config` lacks a
+            `QuantizeConfig`'s methods.
+
     Example:
 
         >>> import keras, kdist
@@ -103,7 +129,16 @@ def quantize_annotate_layer(to_annotate, quantize_config=None):
 
 
 def quantize_annotate_model(to_annotate):
-    """A copy of a Sequential or functional model with every layer marked."""
+    """A copy of a Sequential or functional model with every layer marked.
+
+    The copy has the model's weights; each layer is wrapped in
+    `QuantizeAnnotate` without a config. `Lambda` layers stay unmarked (what
+    they compute is not known), with a warning: mark one yourself with
+    `quantize_annotate_layer(layer, quantize_config)` to quantise it.
+
+    Raises:
+        TypeError: `to_annotate` is not a Keras model, or is a subclassed one.
+    """
     if not isinstance(to_annotate, keras.Model):
         raise TypeError(f"quantize_annotate_model() takes a Keras model; got "
                         f"{type(to_annotate).__name__}. Use quantize_annotate_layer for a layer.")
@@ -132,9 +167,14 @@ def quantize_apply(model, bits=8, per_channel=True, activations=True, preserve_s
                    name_prefix="quantized_"):
     """Quantises the layers of `model` that were marked, as `quantize()` would.
 
-    Layers marked with a `QuantizeConfig` become `QuantizeWithConfig`; other
-    marked layers with a kernel become `QuantizeAware` (weights carried
-    over); marked layers without one, and unmarked layers, stay in float.
+    This is tensorflow-model-optimization's two-step way of quantising part
+    of a model (mark, then apply); `quantize(model, skip=...)` does the same
+    in one call. Layers marked with a `QuantizeConfig` become
+    `QuantizeWithConfig`, quantised as their config says: that is how a
+    custom layer, or a choice of quantizers other than kdist's, is
+    quantised. Other marked layers with a kernel become `QuantizeAware`
+    (kdist's scheme, weights carried over); marked layers without one, and
+    unmarked layers, stay in float.
 
     Args:
         model: a Sequential or functional model with marked layers.
@@ -143,6 +183,13 @@ def quantize_apply(model, bits=8, per_channel=True, activations=True, preserve_s
         activations: see `QuantizeAware`.
         preserve_sparsity: see `QuantizeAware`.
         name_prefix: wrappers are named `<name_prefix><layer name>`.
+
+    Returns:
+        A quantised copy of `model`, with its weights.
+
+    Raises:
+        TypeError: `model` is not a Keras model, or is a subclassed one.
+        ValueError: no layer of `model` is marked.
     """
     if not isinstance(model, keras.Model):
         raise TypeError(f"quantize_apply() takes a Keras model; got {type(model).__name__}.")

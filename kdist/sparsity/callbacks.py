@@ -41,6 +41,20 @@ class UpdatePruning(_keras_private.AnswersTfKeras, keras.callbacks.Callback):
     reports. A tf_keras model is driven by tensorflow-model-optimization's
     `UpdatePruningStep`.
 
+    The first training batch is step 0 for the schedules. An m-by-n pattern
+    (`sparsity_m_by_n`) is set on the schedule's turns. `kdist.tfmot`'s
+    `UpdatePruningStep` is a subclass with tfmot's rules instead: it does
+    nothing for a model with no pruned layer, counts the first batch as step
+    1, and sets an m-by-n pattern once, at step 1.
+
+    Args:
+        log_sparsity: put each pruned layer's sparsity into the logs and the
+            log at each epoch's end.
+
+    Raises:
+        ValueError: at the start of training, when the model has no layer
+            wrapped by `prune` or is not compiled.
+
     Example:
 
         >>> import keras, numpy as np, kdist
@@ -154,6 +168,10 @@ class SyncQuantizeRanges(keras.callbacks.Callback):
     it does nothing. Give it to every rank; the parameter server needs it
     not, since its master holds the one copy of the ranges.
 
+    Raises:
+        ValueError: at the start of training, when the model has no layer
+            quantised by `quantize` with `activations=True`.
+
     Example:
 
         >>> import keras, numpy as np, kdist
@@ -208,6 +226,12 @@ class PruningSummaries(keras.callbacks.TensorBoard):
         update_freq: `"epoch"`, `"batch"` or a number of batches, for the
             metrics TensorBoard writes (sparsity is written once per epoch).
         **kwargs: any other `keras.callbacks.TensorBoard` argument.
+
+    Raises:
+        ValueError: `log_dir` is empty or not a path; at the start of
+            training, the model has no layer wrapped by `prune`.
+        ImportError: the tensorboard package is not installed (the `tfmot`
+            extra installs it).
     """
 
     def __init__(self, log_dir, update_freq="epoch", **kwargs):

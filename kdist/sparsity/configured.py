@@ -28,6 +28,20 @@ _QUANTISED_AFTER = frozenset({"linear", "relu", "swish", "silu", "gelu"})
 class QuantizeConfig(abc.ABC):
     """What to quantise in one layer, and with which quantizers.
 
+    A config names, for one layer, the weights to quantise and their
+    quantizers, the activations to quantise, and quantizers for the layer's
+    output; `QuantizeWithConfig` applies it. This is
+    tensorflow-model-optimization's `QuantizeConfig`, for Keras 3 layers.
+
+    A subclass defines `get_weights_and_quantizers`,
+    `get_activations_and_quantizers`, `set_quantize_activations`,
+    `get_output_quantizers` and `get_config` (all abstract).
+    `set_quantize_weights` is optional and never called: Keras 3 layers read
+    their variables (a Dense's `kernel` is a read-only property), so kdist
+    gives the layer its quantised weights itself. A config may answer None
+    for "nothing". `from_config(config)` calls the class with the config's
+    items as arguments.
+
     Example, a Dense layer's kernel in 4 bits and its output after ReLU in 8:
 
         >>> import keras, kdist
@@ -109,9 +123,22 @@ def _activation_name(activation):
 class QuantizeAwareActivation:
     """An activation with its input or output fake-quantised, as an integer engine runs it.
 
-    Linear, ReLU, swish: the output is quantised (the engine fuses them into
-    the layer before). Softmax, sigmoid, tanh: the input is (their output
-    range is fixed). GELU: both. Serialised, it is its plain activation.
+    `QuantizeWithConfig` puts it in the layer in place of each activation a
+    config's `get_activations_and_quantizers` names. Linear, ReLU, swish,
+    SiLU: the output is quantised (the engine fuses them into the layer
+    before). Softmax, sigmoid, tanh: the input is (their output range is
+    fixed). GELU: both. Serialised, it is its plain activation, so a saved
+    model holds the plain layer.
+
+    Args:
+        activation: one of Keras's activations above.
+        quantizer: the `Quantizer` to apply.
+        quantize_wrapper: the layer on which the quantizer's variables are
+            created (the `QuantizeWithConfig`).
+
+    Raises:
+        ValueError: an activation other than those above (quantise the layer's
+            output with `get_output_quantizers` instead).
     """
 
     def __init__(self, activation, quantizer, quantize_wrapper):
@@ -155,10 +182,26 @@ class QuantizeAwareActivation:
 class QuantizeWithConfig(keras.layers.Wrapper):
     """Trains `layer` quantised as `quantize_config` says.
 
+    While the layer runs, the quantised weights are substituted for the
+    variables' values (in a `keras.StatelessScope`), so the layer's own code
+    runs unchanged and gradients reach the float weights; the config's
+    activations are replaced by `QuantizeAwareActivation`s through its
+    `set_quantize_activations`, and its output quantizer (one at most) is
+    applied to the output. `kdist.sparsity.strip` turns it back into the
+    plain layer, with the weights as inference sees them.
+
     Args:
         layer: any Keras layer (not a model).
         quantize_config: a `QuantizeConfig` for this layer.
         name_prefix: the wrapper is named `<name_prefix><layer name>`.
+        **kwargs: Keras wrapper arguments (`name`, `dtype`).
+
+    Raises:
+        ValueError: `layer` is a model or not a layer, or `quantize_config` is
+            None; when built, the config names a variable that is not the
+            layer's; when called, an output quantizer meets a layer with
+            several outputs.
+        TypeError: `quantize_config` lacks a `QuantizeConfig`'s methods.
     """
 
     copied_by_kdist = True

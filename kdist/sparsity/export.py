@@ -43,11 +43,19 @@ def export_tflite(model, path=None, representative_data=None, int8=True):
     Args:
         model: a Keras 3 model: trained with `kdist.sparsity.quantize` (its
             ranges are used), pruned, stripped or plain.
+        path: where to write the flatbuffer, or None.
         representative_data: inputs to calibrate with (an array, or an
             iterable of batches or `(x, y)` pairs; up to 200 rows are used).
             Needed with `int8=True`.
         int8: integer-only operators with int8 inputs and outputs; with False,
             int8 weights and float activations (dynamic-range quantisation).
+
+    Returns:
+        The flatbuffer's bytes; `run_tflite(flatbuffer, x)` runs it on float
+        rows, `tflite_dtypes(flatbuffer)` gives its input and output types.
+
+    Raises:
+        ValueError: `int8=True` without `representative_data`.
 
     Example:
 
@@ -134,7 +142,12 @@ def keras_int8(model):
     layer's inputs on the fly, row by row, where the trained model used its
     tracked ranges, so outputs agree closely rather than bit for bit. Keras
     has int8 forms of Dense, EinsumDense and Embedding only; other layers stay
-    float.
+    float. Layers trained on another grid (not 8 bits, one scale per tensor,
+    or fixed point) are re-quantised by Keras, with a warning.
+
+    Raises:
+        TypeError: `model` is not a Keras 3 model.
+        ValueError: the model has no Dense, EinsumDense or Embedding layer.
 
     Example:
 

@@ -20,10 +20,33 @@ from kdist._args import whole_number
 class FixedType:
     """A fixed-point type: `width` bits, `integer` of them above the binary point.
 
-    >>> FixedType(8, 3).step, FixedType(8, 3).largest, FixedType(8, 3).smallest
-    (0.03125, 3.96875, -4.0)
-    >>> str(FixedType(6, 2, signed=False, rounding=True))
-    'ufixed<6,2,RND_CONV,SAT>'
+    A value of the type is a multiple of `step = 2**(integer - width)`
+    between `smallest` and `largest`; `cast(values)` puts values there, and
+    `str()` is the type in hls4ml's notation. Types compare equal by that
+    string. `kdist.sparsity.fixed.exact_type(values)` (the narrowest type
+    that holds values exactly) and `kdist.sparsity.fixed.range_type(low,
+    high, bits)` (the `bits`-wide type that covers a range) make the types
+    `export_hls4ml` uses.
+
+    Args:
+        width: bits in all, at least 1.
+        integer: bits above the binary point, the sign included when signed
+            (may be negative or exceed `width`).
+        signed: two's complement (`fixed`) or unsigned (`ufixed`).
+        rounding: round half to even and saturate (`RND_CONV,SAT` in the
+            name), as kdist's fixed-point training does; else hls4ml's
+            default truncation and wrapping.
+
+    Raises:
+        ValueError: `width` is a fraction or below 1 (`TypeError` if it is not
+            a number).
+
+    Example:
+
+        >>> FixedType(8, 3).step, FixedType(8, 3).largest, FixedType(8, 3).smallest
+        (0.03125, 3.96875, -4.0)
+        >>> str(FixedType(6, 2, signed=False, rounding=True))
+        'ufixed<6,2,RND_CONV,SAT>'
     """
 
     def __init__(self, width, integer, signed=True, rounding=False):
@@ -33,14 +56,17 @@ class FixedType:
 
     @property
     def step(self):
+        """The distance between neighbouring values, `2**(integer - width)`."""
         return 2.0 ** (self.integer - self.width)
 
     @property
     def smallest(self):
+        """The most negative value (0 when unsigned)."""
         return -(2.0 ** (self.integer - 1)) if self.signed else 0.0
 
     @property
     def largest(self):
+        """The largest value, one step below a power of two."""
         top = self.integer - 1 if self.signed else self.integer
         return 2.0 ** top - self.step
 

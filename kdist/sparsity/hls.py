@@ -139,6 +139,24 @@ def export_hls4ml(model, output_dir, representative_data=None, input_bits=16,
                   backend="Vivado", io_type="io_parallel", compile=True, **converter_options):
     """An hls4ml model computing what `model` computes, bit for bit.
 
+    Every precision is taken from training, and the project is written to
+    `output_dir` and compiled for C++ emulation (a C++ compiler, no vendor
+    tools). Needs the `fpga` extra (hls4ml). The precisions:
+
+    - weights and bias: the narrowest exact type of their values
+      (`kdist.sparsity.fixed.exact_type`);
+    - accumulator: hls4ml's inferred exact type (`"auto"`);
+    - a layer's output, and a ReLU's after it:
+      `ufixed/fixed<bits, I, RND_CONV, SAT>` over its tracked range
+      (`kdist.sparsity.fixed.range_type`);
+    - Flatten, Reshape, Dropout, max pooling, padding, Permute, a plain ReLU:
+      the type of their input.
+
+    `predict_hls4ml(firmware, x)` runs the compiled emulation;
+    `compare_hls4ml(model, firmware, x)` says how many outputs agree bit for
+    bit. Softmax, sigmoid and tanh outputs come from hls4ml's lookup tables,
+    so they agree closely, not exactly (with a warning); their inputs do.
+
     Args:
         model: trained with `kdist.sparsity.quantize(..., fixed_point=True)`
             (pruned too, if you like: zeros cost no multipliers).
@@ -154,6 +172,14 @@ def export_hls4ml(model, output_dir, representative_data=None, input_bits=16,
 
     Returns:
         The hls4ml model (`.predict`, `.build`, `.write`).
+
+    Raises:
+        ImportError: hls4ml is not installed.
+        ValueError: a layer was not trained with `fixed_point=True`; the model
+            has several inputs, a layer with several inputs, or a layer
+            kdist cannot keep exact (anything but quantised Dense and Conv
+            layers with ReLU or linear activations, a last softmax or sigmoid,
+            and the layers above).
 
     Example (needs hls4ml and a C++ compiler):
 

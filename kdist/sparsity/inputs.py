@@ -20,7 +20,19 @@ from kdist.sparsity.wrapping import fresh_copy, fresh_inputs, rewrite
 
 @keras.saving.register_keras_serializable(package="kdist")
 class QuantizeLayer(keras.layers.Layer):
-    """Passes its input on fake-quantised by `quantizer` (None: unchanged)."""
+    """Passes its input on fake-quantised by `quantizer` (None: unchanged).
+
+    An integer engine takes integer inputs, so a model trained for one sees
+    its inputs on a grid too: `quantize_inputs` puts one after each input.
+
+    Args:
+        quantizer: a `Quantizer`, whose variables are created on this layer,
+            or None.
+        **kwargs: Keras layer arguments, such as `name`.
+
+    Raises:
+        ValueError: `quantizer` is neither a `Quantizer` nor None.
+    """
 
     def __init__(self, quantizer, **kwargs):
         super().__init__(**kwargs)
@@ -102,11 +114,26 @@ def _quantised(layer):
 def quantize_inputs(model, quantizer=None, only_before_quantized=False):
     """A copy of `model` (weights included) with a `QuantizeLayer` after each input.
 
-    `quantizer`: a function giving a fresh `Quantizer` per input; by default
-    8 bits over the widest range seen (`AllValuesQuantizer`), as
-    tensorflow-model-optimization quantises inputs. `only_before_quantized`:
-    quantise only what quantised layers read (an input read by float layers
-    stays as it is), as tensorflow-model-optimization's `quantize_apply` does.
+    The layers are named `quantize_layer`, `quantize_layer_1`, ... in the
+    order of the model's inputs.
+
+    Args:
+        model: a Sequential or functional model.
+        quantizer: a function giving a fresh `Quantizer` per input; by default
+            8 bits over the widest range seen (`AllValuesQuantizer`), as
+            tensorflow-model-optimization quantises inputs.
+        only_before_quantized: quantise only what quantised layers read (an
+            input read by float layers stays as it is), as
+            tensorflow-model-optimization's `quantize_apply` does. A layer
+            wrapped in `QuantizeWithConfig` with a
+            `kdist.sparsity.inputs.OutputOnlyConfig` counts as float here: it
+            reads its input in float. An `OutputOnlyConfig(quantize_config)` is
+            another config without its weights (its activations and output
+            quantizers only, `get_config()["quantize_config"]` being that
+            config), for a float layer whose output a quantised layer reads.
+
+    Raises:
+        TypeError: `model` is not a Sequential or functional model.
     """
     make = quantizer or _input_quantizer
     fills = []
@@ -209,9 +236,20 @@ def fix_input_output_range(model, num_bits=8, input_min=0.0, input_max=1.0, outp
                            output_max=1.0, narrow_range=False):
     """A copy of a quantised `model` with fixed input and output ranges.
 
-    The inputs' `QuantizeLayer`s get a `FixedQuantizer(num_bits, input_min,
+    For inputs or outputs whose range is known (pixels in [0, 1], a
+    classifier's probabilities), instead of ranges tracked in training. The
+    inputs' `QuantizeLayer`s get a `FixedQuantizer(num_bits, input_min,
     input_max, narrow_range)`; the output layers quantise their activations
-    and outputs over `[output_min, output_max]`.
+    and outputs over `[output_min, output_max]` on `num_bits` bits (a
+    `QuantizeAware` output layer through its `output_range`, `output_bits`
+    and `output_narrow_range`). This is tensorflow-model-optimization's
+    model edit of the same name, for Keras 3 models.
+
+    Raises:
+        ValueError: no `QuantizeLayer` reads the model's inputs (quantise it
+            with `quantize_inputs`, or `kdist.tfmot`'s `quantize_model` or
+            `quantize_apply`, first); `num_bits` outside 2 to 16; a minimum
+            not below its maximum.
     """
     inputs = _check_quantised_inputs(model, "fix_input_output_range")
     FixedQuantizer(num_bits, output_min, output_max, narrow_range)  # checks the arguments
@@ -251,7 +289,14 @@ def fix_input_output_range(model, num_bits=8, input_min=0.0, input_max=1.0, outp
 
 
 def remove_input_range(model):
-    """A copy of a quantised `model` whose inputs are no longer quantised."""
+    """A copy of a quantised `model` whose inputs are no longer quantised.
+
+    Its input `QuantizeLayer`s pass values on unchanged: for a model fed by
+    another quantised model.
+
+    Raises:
+        ValueError: no `QuantizeLayer` reads the model's inputs.
+    """
     inputs = _check_quantised_inputs(model, "remove_input_range")
 
     def remove(layer):

@@ -35,9 +35,39 @@ class PruneLowMagnitude(KernelWrapper):
         block_pooling_type: `"AVG"` or `"MAX"`, how a block's magnitude is taken.
         sparsity_m_by_n: `(m, n)`: m zeros in every n consecutive input-channel
             weights (2:4 is `(2, 4)`); the schedule then only says when.
-        require_step_callback: training raises `tf.errors.InvalidArgumentError`
-            unless an `UpdatePruning` callback drives the layer (tfmot's rule:
-            without one the mask would never move, silently).
+        require_step_callback: a training step fails with
+            `tf.errors.InvalidArgumentError` until an `UpdatePruning` callback
+            has started on the model (`step_callback_attached`): tfmot's rule,
+            since without one the mask would never move, silently.
+            `kdist.tfmot`'s `prune_low_magnitude` sets it.
+        pruning_schedule: tfmot's name for `schedule`.
+        **kwargs: Keras wrapper arguments (`name`, `dtype`); the name defaults
+            to `pruned_<layer name>`.
+
+    Attributes:
+        mask: the mask of the first target weight (the kernel).
+        masks: one mask per target weight, e.g. a recurrent layer's input and
+            recurrent kernels.
+        targets: the weights pruned, kernel first.
+        pruning_step: the training steps this layer has been through (-1 before
+            the first), saved with the model.
+        schedule: the `PruningSchedule`, also as tfmot's `pruning_schedule`.
+        block_size: as given.
+        block_pooling_type: as given.
+        sparsity_m_by_n: as given, or None.
+        step_callback_attached: whether an `UpdatePruning` callback has started
+            on this layer's model.
+        base_layer: the plain layer at the bottom of the wrapper chain.
+
+    The wrapper nests with `QuantizeAware` either way round, gives
+    `effective_kernel()` (the kernel the layer computes with), and saves and
+    loads with the model.
+
+    Raises:
+        TypeError: the schedule is given both as `schedule` and
+            `pruning_schedule`, or is not a `PruningSchedule`.
+        ValueError: a bad pattern (see `prune`); when built, a layer with
+            several inputs (MultiHeadAttention) that is not built yet.
     """
 
     def __init__(self, layer, schedule=None, block_size=(1, 1), block_pooling_type="AVG",
@@ -176,12 +206,21 @@ def prune(model, schedule, skip=(), block_size=(1, 1), block_pooling_type="AVG",
           sparsity_m_by_n=None):
     """Wraps every layer with a kernel in `PruneLowMagnitude`.
 
+    The layers of nested models are wrapped too. Layers with a kernel are
+    Dense, the convolutions, EinsumDense, Embedding, custom layers with a
+    `kernel` weight and `PrunableLayer`s; a recurrent layer (LSTM, GRU,
+    SimpleRNN, ConvLSTM, Bidirectional) has its input and recurrent kernels
+    pruned, a MultiHeadAttention its four kernels. Layers already pruned are
+    left as they are. The masks come from `magnitude_mask`, `block_mask` or
+    `n_of_m_mask`, as the pattern arguments say.
+
     Args:
         model: a Sequential or functional Keras 3 model (a copy is returned,
             with the same weights), or a single layer (wrapped as it is, for
             subclassed models). A tf_keras model goes to
-            tensorflow-model-optimization's `prune_low_magnitude`.
-        schedule: `ConstantSparsity` or `PolynomialDecay`.
+            tensorflow-model-optimization's `prune_low_magnitude`, without `skip`.
+        schedule: a `PruningSchedule`: `ConstantSparsity`, `PolynomialDecay`
+            or a subclass.
         skip: layer names or layer classes to leave dense (the output layer,
             usually).
         block_size: prune `(height, width)` blocks of 2-D kernels together.
@@ -189,11 +228,21 @@ def prune(model, schedule, skip=(), block_size=(1, 1), block_pooling_type="AVG",
             (`"MAX"`) magnitude.
         sparsity_m_by_n: `(m, n)` for m zeros in every n consecutive
             input-channel weights, e.g. `(2, 4)`; the schedule then only says
-            when masks change.
+            when masks change. Not together with `block_size`.
 
     Returns:
         The pruned model: compile it, and train with the `UpdatePruning`
         callback.
+
+    Raises:
+        TypeError: `schedule` is not a `PruningSchedule`, `model` is a
+            subclassed model (wrap its layers where it creates them), or a
+            `skip` entry is neither a name nor a class.
+        ValueError: no layer is left to prune once `skip` is applied (or the
+            layer given has no kernel, or is already pruned); `block_size` is
+            not two integers >= 1, `block_pooling_type` is not `"AVG"` or
+            `"MAX"`, `sparsity_m_by_n` is not `(m, n)` with `0 < m < n`, or
+            both `block_size` and `sparsity_m_by_n` are given.
 
     Example:
 

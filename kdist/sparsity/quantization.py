@@ -99,6 +99,16 @@ def fake_quantize(value, bits, per_channel=True, power_of_two=False):
 class QuantizeAware(KernelWrapper):
     """Trains its layer as it will run in `bits`-bit integers.
 
+    Weights are quantised symmetrically, per output channel by default: with
+    `levels = 2**(bits - 1) - 1` and `scale = max|w| / levels`, the layer
+    computes with `clip(round(w / scale), -levels, levels) * scale`, so zero
+    stays zero (pruned weights survive). The straight-through estimator
+    passes the loss's gradient to the float weights unchanged. With
+    `activations`, the output is fake-quantised (Keras's
+    `fake_quant_with_min_max_vars`) over a range tracked in training by a
+    moving average of batch minima and maxima; before the first training
+    step outputs pass unquantised.
+
     Args:
         layer: a layer with a kernel, or a `PruneLowMagnitude` wrapper.
         bits: 2 to 16.
@@ -126,6 +136,24 @@ class QuantizeAware(KernelWrapper):
             is symmetric about zero (`2**output_bits - 1` levels).
             Neither this nor `output_bits` applies with `fixed_point=True`: the
             output then goes on the `bits`-bit fixed-point grid.
+        **kwargs: Keras wrapper arguments (`name`, `dtype`); the name defaults
+            to `quantized_<layer name>`.
+
+    Attributes:
+        output_min: the low end of the output range (a variable).
+        output_max: the high end of the output range (a variable).
+        base_layer: the plain layer at the bottom of the wrapper chain.
+
+    The wrapper nests with `PruneLowMagnitude` either way round, gives
+    `effective_kernel()` (the kernel the layer computes with) and
+    `freeze_zeros()`, and saves and loads with the model.
+
+    Raises:
+        ValueError: a recurrent layer (two kernels: leave it in float),
+            `bits` or `output_bits` outside 2 to 16, `momentum` outside
+            [0, 1), or an `output_range` whose minimum is not below its
+            maximum; when built, a layer with more than one weight to quantise
+            (MultiHeadAttention) or none.
     """
 
     def __init__(self, layer, bits=8, per_channel=True, activations=True,
@@ -268,6 +296,23 @@ def quantize(model, bits=8, per_channel=True, activations=True, preserve_sparsit
         skip: layer names or classes to leave in float.
         name_prefix: each wrapper is named `<name_prefix><layer name>`.
 
+    Returns:
+        A copy of the model with the weights, or the wrapped layer. Recurrent
+        layers and MultiHeadAttention (several kernels each) stay in float,
+        with a warning unless they are in `skip`. `QuantizeAware(...,
+        output_range=(min, max))` quantises a layer's output over a fixed
+        range instead; with `fixed_point=True`, weights, biases and outputs
+        lie on power-of-two fixed-point grids, as FPGA firmware computes.
+
+    Raises:
+        ValueError: `bits` is not a whole number from 2 to 16; no layer with a
+            kernel is left once `skip` is applied; `fixed_point=True` or other
+            than 8-bit, per-channel, quantised-activation settings for a
+            tf_keras model.
+        TypeError: a subclassed model (wrap its layers where it creates them),
+            a `skip` entry that is neither a name nor a class, or `bits` that is
+            not a number.
+
     Example:
 
         >>> import keras, numpy as np, kdist
@@ -309,7 +354,10 @@ def export_quantized(model, path=None):
     computes with, and the activation named last (sigmoid, softmax, ...)
     applies after the output is quantised over `output_range`. With `path`, also writes
     them to an `.npz` file (atomically) with keys `<layer>/codes`,
-    `<layer>/scales`, `<layer>/bias`, `<layer>/output_range`.
+    `<layer>/scales`, `<layer>/bits`, `<layer>/bias`, `<layer>/output_range`.
+
+    Raises:
+        ValueError: the model has no `QuantizeAware` layer.
     """
     wrappers = wrappers_in(model, QuantizeAware)
     if not wrappers:

@@ -25,7 +25,15 @@ from kdist._args import whole_number
 
 @keras.saving.register_keras_serializable(package="kdist")
 class Quantizer:
-    """Base class: subclass it and give `__call__` (and `build` for state).
+    """Base class of quantizers: subclass it and give `__call__` (and `build` for state).
+
+    A quantizer is a plain object that a `QuantizeConfig` chooses per
+    weight, activation or output. `build(tensor_shape, name, layer)` creates
+    the variables it needs on `layer` and returns them in a dict;
+    `quantizer(inputs, training, weights)` returns `inputs` fake-quantised,
+    given that dict as `weights`. Quantizers compare equal by type and
+    `get_config()`. This is tensorflow-model-optimization's quantizer
+    interface, for Keras 3 layers.
 
     Example, a quantizer that only clips (no state):
 
@@ -128,16 +136,37 @@ class RangeQuantizer(Quantizer):
 class LastValueQuantizer(RangeQuantizer):
     """Quantises over the range of the last training batch (a weight's own range).
 
-    >>> import keras, kdist
-    >>> quantizer = kdist.sparsity.LastValueQuantizer(
-    ...     num_bits=2, per_axis=False, symmetric=False, narrow_range=False)
-    >>> layer = keras.layers.Layer()
-    >>> ranges = quantizer.build((3,), "kernel", layer)
-    >>> quantized = quantizer(keras.ops.array([0.0, 1.0, 3.0]), True, ranges)
-    >>> keras.ops.convert_to_numpy(quantized).tolist()
-    [0.0, 1.0, 3.0]
-    >>> float(ranges["max_var"].value)
-    3.0
+    The range (variables `min_var`, `max_var`) starts at [-6, 6] and is the
+    last training batch's from the first on.
+
+    Args:
+        num_bits: bits of the grid, 2 to 16.
+        per_axis: one range per entry of the last axis (a kernel's output
+            channels) instead of one for the tensor.
+        symmetric: widen each range to be symmetric about zero (with the
+            two's-complement grid's one extra negative step unless
+            `narrow_range`).
+        narrow_range: leave out the grid's lowest level.
+
+    Every range is widened to hold zero, which an integer engine must
+    represent exactly.
+
+    Raises:
+        ValueError: `num_bits` is not a whole number from 2 to 16.
+        TypeError: `num_bits` is not a number, or a flag is not True or False.
+
+    Example:
+
+        >>> import keras, kdist
+        >>> quantizer = kdist.sparsity.LastValueQuantizer(
+        ...     num_bits=2, per_axis=False, symmetric=False, narrow_range=False)
+        >>> layer = keras.layers.Layer()
+        >>> ranges = quantizer.build((3,), "kernel", layer)
+        >>> quantized = quantizer(keras.ops.array([0.0, 1.0, 3.0]), True, ranges)
+        >>> keras.ops.convert_to_numpy(quantized).tolist()
+        [0.0, 1.0, 3.0]
+        >>> float(ranges["max_var"].value)
+        3.0
     """
 
     def updated_range(self, values, low, high):
@@ -146,7 +175,27 @@ class LastValueQuantizer(RangeQuantizer):
 
 @keras.saving.register_keras_serializable(package="kdist")
 class MovingAverageQuantizer(RangeQuantizer):
-    """Quantises over an exponential moving average of batch ranges (decay 0.999)."""
+    """Quantises over an exponential moving average of batch ranges (decay 0.999).
+
+    The range starts at [-6, 6]; each training batch moves it 0.1 % of the
+    way towards that batch's range. For activations.
+
+    Args:
+        num_bits: bits of the grid, 2 to 16.
+        per_axis: one range per entry of the last axis (a kernel's output
+            channels) instead of one for the tensor.
+        symmetric: widen each range to be symmetric about zero (with the
+            two's-complement grid's one extra negative step unless
+            `narrow_range`).
+        narrow_range: leave out the grid's lowest level.
+
+    Every range is widened to hold zero, which an integer engine must
+    represent exactly.
+
+    Raises:
+        ValueError: `num_bits` is not a whole number from 2 to 16.
+        TypeError: `num_bits` is not a number, or a flag is not True or False.
+    """
 
     decay = 0.999
 
@@ -158,7 +207,26 @@ class MovingAverageQuantizer(RangeQuantizer):
 
 @keras.saving.register_keras_serializable(package="kdist")
 class AllValuesQuantizer(RangeQuantizer):
-    """Quantises over the widest range seen in training, starting from [0, 0]."""
+    """Quantises over the widest range seen in training, starting from [0, 0].
+
+    What `quantize_inputs` uses for inputs, by default.
+
+    Args:
+        num_bits: bits of the grid, 2 to 16.
+        per_axis: one range per entry of the last axis (a kernel's output
+            channels) instead of one for the tensor.
+        symmetric: widen each range to be symmetric about zero (with the
+            two's-complement grid's one extra negative step unless
+            `narrow_range`).
+        narrow_range: leave out the grid's lowest level.
+
+    Every range is widened to hold zero, which an integer engine must
+    represent exactly.
+
+    Raises:
+        ValueError: `num_bits` is not a whole number from 2 to 16.
+        TypeError: `num_bits` is not a number, or a flag is not True or False.
+    """
 
     initial_range = (0.0, 0.0)
 
@@ -173,6 +241,15 @@ class FixedQuantizer(RangeQuantizer):
     """Quantises over a range given once; it has no variables and never moves.
 
     For values whose range is known: pixels in [0, 1], a sensor's counts.
+
+    Args:
+        num_bits: bits of the grid, 2 to 16.
+        init_min: the low end of the range.
+        init_max: the high end of the range.
+        narrow_range: leave out the grid's lowest level.
+
+    Raises:
+        ValueError: `num_bits` outside 2 to 16, or `init_min >= init_max`.
     """
 
     def __init__(self, num_bits, init_min, init_max, narrow_range):

@@ -43,7 +43,24 @@ def _check_sparsity(value, name):
 
 
 class PruningSchedule:
-    """Base class of pruning schedules.
+    """Base class of pruning schedules, with tensorflow-model-optimization's semantics.
+
+    A schedule maps a training step to `(should_prune, sparsity)`. Masks
+    change only on steps where `should_prune` is true (pruning turns): from
+    `begin_step`, every `frequency` steps, up to `end_step` inclusive (-1: no
+    end). Between turns the masks stay as they are, so the target sparsity is
+    reached at the last turn at or before `end_step`.
+
+    Every schedule answers in two ways:
+
+    - `schedule(step)` returns a boolean and a float32 tensor, as tfmot's
+      schedules do; `step` may be a tensor, inside a `tf.function`.
+    - `should_prune(step)` and `sparsity(step)` give the same answers as
+      Python values.
+
+    `get_config()` is in tfmot's format, `{"class_name": ..., "config":
+    {...}}`; `from_config` reads it, and the older flat dict of arguments.
+    Schedules compare equal by type and config.
 
     A subclass gives `get_config()` and either `rule(ops, step)`, written
     with the functions NumPy and `keras.ops` share, or, as for
@@ -142,11 +159,20 @@ class _StepRange(PruningSchedule):
 class ConstantSparsity(_StepRange):
     """Prunes to `target_sparsity` at every pruning turn.
 
+    Answers as every `PruningSchedule` does (`schedule(step)`,
+    `should_prune(step)`, `sparsity(step)`, tfmot's `get_config()` format);
+    `sparsity_reached()` is the sparsity the masks end at.
+
     Args:
         target_sparsity: fraction of each kernel set to zero, in [0, 1).
-        begin_step: first step at which masks are computed.
+        begin_step: first step at which masks are computed, an integer >= 0.
         end_step: last step at which they may change; -1 for never stopping.
-        frequency: steps between mask updates.
+        frequency: steps between mask updates, an integer > 0.
+
+    Raises:
+        ValueError: `target_sparsity` outside [0, 1), a negative or fractional
+            `begin_step`, an `end_step` that is neither -1 nor >= `begin_step`,
+            or a `frequency` below 1.
 
     Example:
 
@@ -180,13 +206,24 @@ class PolynomialDecay(_StepRange):
     at first, while many weights are small, and slowly near the end. With
     `end_step == begin_step` the final sparsity applies at once.
 
+    Answers as every `PruningSchedule` does (`schedule(step)`,
+    `should_prune(step)`, `sparsity(step)`, tfmot's `get_config()` format);
+    `sparsity_reached()` is the sparsity the masks end at, which is
+    `final_sparsity` only if `end_step` falls on a pruning turn.
+
     Args:
         initial_sparsity: the sparsity at `begin_step`, in [0, 1).
         final_sparsity: the sparsity from `end_step` on, in [0, 1).
-        begin_step: where the ramp starts.
-        end_step: where the ramp ends; it may not precede `begin_step`.
-        power: exponent of the ramp (3 is the usual choice).
-        frequency: steps between mask updates.
+        begin_step: where the ramp starts, an integer >= 0.
+        end_step: where the ramp ends; it may not precede `begin_step` (and
+            cannot be -1).
+        power: exponent of the ramp, > 0 (3 is the usual choice).
+        frequency: steps between mask updates, an integer > 0.
+
+    Raises:
+        ValueError: a sparsity outside [0, 1), a negative or fractional
+            `begin_step`, an `end_step` before `begin_step`, `power <= 0`, or
+            a `frequency` below 1.
 
     Example:
 

@@ -147,10 +147,25 @@ def check_buildable(wrapper, layer):
 
 
 class KernelWrapper(keras.layers.Wrapper):
-    """Base class: subclasses give `transform_kernel` and `transform_output`.
+    """Base class of `PruneLowMagnitude` and `QuantizeAware`: a layer seen through a
+    transformed kernel.
 
-    A wrapper transforms each of its layer's `targets` (one kernel, or the
-    input and recurrent kernels of a recurrent layer); `index` says which.
+    A wrapper calls its layer with the kernel replaced by a transformed value
+    (masked, fake-quantised) inside a `keras.StatelessScope`, so the layer's
+    own code runs unchanged and gradients reach the real kernel through the
+    transform. Wrappers nest: the outermost applies every transform of the
+    chain, innermost first, in one scope. `kdist.sparsity.strip` replaces a
+    chain by a plain layer computing what it computes at inference.
+
+    A subclass gives `transform_kernel` (and `transform_bias`,
+    `transform_output` and `build_state` as it needs). A wrapper transforms
+    each of its layer's `targets` (one kernel, or the input and recurrent
+    kernels of a recurrent layer); `index` says which.
+
+    Args:
+        layer: the layer to wrap, or another `KernelWrapper`.
+        **kwargs: Keras wrapper arguments (`name`, `dtype`); the dtype policy
+            defaults to the layer's.
     """
 
     copied_by_kdist = True
@@ -441,6 +456,13 @@ def strip(model):
     the wrapped model predicts at inference (without activation
     quantisation). A tf_keras model goes to tensorflow-model-optimization's
     `strip_pruning`.
+
+    Args:
+        model: a Sequential or functional model (a copy is returned), or a
+            single kdist wrapper layer (its plain layer is returned).
+
+    Raises:
+        TypeError: anything else, a subclassed model included.
 
     Example:
 

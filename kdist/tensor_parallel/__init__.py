@@ -32,6 +32,30 @@ rank: they do with the default zeros, or when every rank seeds alike
 `load_from_full` takes an unsplit layer's weights and keeps this rank's slice;
 `full_weights` gathers them back (every rank of the group must call it), for a
 checkpoint that does not depend on how the model is split.
+
+Every layer has `group_size` (the ranks it is split over), `group_rank`
+(which slice this rank holds), `load_from_full(layer or weights)` and
+`full_weights()`. The layers:
+
+- `ColumnParallelDense(units, group=None, gather_output=False, ...)` and
+  `RowParallelDense(units, group=None, input_is_parallel=True, ...)`, with
+  `keras.layers.Dense`'s other arguments;
+- `ColumnParallelEinsumDense(equation, output_shape, split_axis, group=None,
+  bias_axes=None, gather_output=False, ...)` and
+  `RowParallelEinsumDense(equation, output_shape, split_axis, group=None,
+  bias_axes=None, input_is_parallel=True, ...)`, which split a
+  `keras.layers.EinsumDense` kernel along the axis named by the letter
+  `split_axis`;
+- `TensorParallelMultiHeadAttention(num_heads, key_dim, value_dim=None,
+  dropout=0.0, use_bias=True, output_shape=None, group=None, ...)`, which
+  splits the heads.
+
+They are made of the differentiable collectives of `kdist.comm.differentiable`
+(`copy_to_group`, `reduce_from_group`, `gather_from_group` and
+`scatter_to_group`), which code building split layers of its own can use, with
+`resolve_group`. `kdist.pipeline` and `kdist.pipeline.tensor` give the same
+classes, and `kdist.pipeline.PipelineModel(tensor_parallel=T)` builds each
+stage with them over T ranks.
 """
 
 from kdist._exports import declare as _declare

@@ -1,12 +1,32 @@
 """Hyper-parameter search for keras-tuner: genetic, Bayesian, BOHB and
 multi-objective oracles, population-based training, K-fold tuning.
 
+Needs the `tune` extra. Importing `kdist.tune` with a keras-tuner outside
+`TESTED_KERAS_TUNER` warns.
+
 >>> import keras_tuner as kt, kdist.tune
 >>> oracle = kdist.tune.BayesianOracle(objective=kt.Objective("val_loss", "min"),
 ...                                    max_trials=30)
 
 Every oracle plugs into any `keras_tuner.Tuner` (`oracle=`); `KFoldTuner`
 scores trials by cross-validation.
+
+| name | what it is |
+|---|---|
+| `GeneticOracle` | a genetic algorithm, each child pre-selected by a Gaussian process |
+| `BayesianOracle` | Gaussian-process search with expected improvement |
+| `BOHBOracle`, `BOHB` | Hyperband's budgets in epochs, asynchronous, proposals from a model |
+| `PBTOracle`, `PBT` | population-based training (and PB2), with `ScheduleReplay` |
+| `NSGA2Oracle`, `ParEGOOracle` | searches with several objectives, for a Pareto front |
+| `KFoldTuner` | a tuner whose objective is the mean over K folds |
+| `search` | any tuner's search over MPI ranks |
+
+The oracles share keras-tuner's arguments `objective`, `hyperparameters`,
+`allow_new_entries`, `tune_new_entries`, `max_retries_per_trial` and
+`max_consecutive_failed_trials`, and a `seed` that makes a search
+reproducible (`seed=0` included). The model-based and genetic ones reason
+in the unit cube of each hyper-parameter's own scale (`Encoding`).
+Bad settings raise `ValueError` (`TypeError` for a setting of the wrong kind).
 """
 
 from kdist._exports import declare as _declare

@@ -42,7 +42,8 @@ def choose(hyperparameters, observed, donated, end_epoch, max_epochs, rng):
         hyperparameters: the oracle's `HyperParameters`.
         observed: `observations(...)`.
         donated: the donor's values (kept for keys outside the space).
-        end_epoch, max_epochs: when the new round ends, and the whole training.
+        end_epoch: the epoch at which the new round ends.
+        max_epochs: the epochs of the whole training.
         rng: a numpy Generator.
     """
     if len(observed) < MIN_OBSERVATIONS:

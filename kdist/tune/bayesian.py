@@ -160,12 +160,13 @@ class BayesianOracle(storage.WholeSaves, kt.Oracle):
     per input, plus a noise term) fitted to the finished trials by maximum a
     posteriori, with a log-normal prior on the length scales. Inputs are
     the unit cube of each hyper-parameter's own scale (log scales stay log,
-    integers are rounded), unordered choices are one-hot; scores are
-    standardised. While trials run, expected improvement is averaged over
-    draws of their scores from the process ("fantasies", with the fitted
-    hyper-parameters; see `fantasised_improvement`), so concurrent requests
-    spread out instead of crowding one point; a proposal never repeats a
-    trial.
+    integers are rounded), unordered choices are one-hot; scores are warped
+    to be closer to Gaussian (Yeo-Johnson) and standardised. While trials
+    run, expected improvement is averaged over 16 draws of their scores from
+    the fitted process ("fantasies"; a drawn score better than the best
+    result is that draw's score to beat), so concurrent requests spread out
+    instead of crowding one point. Trials still running count towards the
+    initial design. A proposal never repeats a trial.
 
     `objective`, `max_trials`, `hyperparameters`, `allow_new_entries`,
     `tune_new_entries`, `max_retries_per_trial` and
@@ -178,6 +179,10 @@ class BayesianOracle(storage.WholeSaves, kt.Oracle):
         xi: exploration margin of expected improvement, in standardised units.
         candidates: random points scored before the local optimisation.
         seed: makes a search reproducible.
+
+    Raises:
+        ValueError: `num_initial_points` or `candidates` below 1 or
+            fractional, `xi < 0`, or a negative seed.
 
     Example:
 

@@ -82,6 +82,33 @@ class BOHBOracle(ComparesValues, BayesianOracle):
     """Hyperband brackets with asynchronous promotion, new configurations from a
     Gaussian process over the hyper-parameters and the budget.
 
+    Budgets are keras-tuner's Hyperband ones: bracket `s` starts
+    configurations at `ceil(max_epochs / factor**s)` epochs and promotes the
+    best to `factor` times as many, round by round, up to `max_epochs`. Trials
+    carry the same `tuner/epochs`, `tuner/initial_epoch`, `tuner/trial_id`,
+    `tuner/bracket` and `tuner/round` values, so any tuner written for
+    `keras_tuner.Hyperband` runs them (a promoted trial starts from its
+    parent's checkpoint). Two things differ from keras-tuner's Hyperband:
+
+    - Promotions are asynchronous (ASHA). A request promotes a finished trial
+      as soon as it ranks in the best `1 / factor` of the trials finished at
+      its budget in its bracket (a round never promotes more than that share
+      in all); when none does, the request starts a new configuration, in
+      Hyperband's order of brackets. Nothing waits for a round to fill: a
+      request gets `IDLE` only when no new configuration fits (the budget
+      left, or a search space used up) while a running trial may still earn a
+      promotion, and `STOPPED` once nothing can change.
+    - New configurations come from a model (BOHB). Once `min_points` trials
+      have finished, a Gaussian process (as in `BayesianOracle`) is fitted to
+      every result with the log of the epochs as one more input, and proposes
+      the configuration whose result at `max_epochs` it expects to improve
+      most on the best result at the largest budget reached. A share
+      `random_fraction` of new configurations stays random.
+
+    The search stops once its `budget` of epochs (summed over trials,
+    counting only the epochs each trial trains) is spent. Properties:
+    `brackets`, and `spent` (the epochs handed out so far).
+
     `objective`, `hyperparameters`, `allow_new_entries`, `tune_new_entries`,
     `max_retries_per_trial` and `max_consecutive_failed_trials` are as for
     any `keras_tuner.Oracle`.
@@ -102,6 +129,11 @@ class BOHBOracle(ComparesValues, BayesianOracle):
         xi: as for `BayesianOracle`.
         candidates: as for `BayesianOracle`.
         seed: makes a search reproducible.
+
+    Raises:
+        ValueError: `factor < 2`, `max_epochs < 1`, `hyperband_iterations < 1`,
+            a budget that is not a positive integer, `random_fraction` outside
+            [0, 1], `min_points < 2`, `xi < 0`, or a negative seed.
 
     Example:
 
@@ -144,9 +176,11 @@ class BOHBOracle(ComparesValues, BayesianOracle):
 
     @property
     def brackets(self):
+        """The number of brackets: one per budget from 1 epoch up by `factor`."""
         return bracket_count(self.max_epochs, self.factor)
 
     def epochs(self, bracket, round_):
+        """Epochs a trial of `bracket` has trained by the end of `round_`."""
         return round_epochs(self.max_epochs, self.factor, bracket, round_)
 
     @property
@@ -330,7 +364,9 @@ class BOHB(kt.Hyperband):
 
     Trains and resumes trials exactly as `keras_tuner.Hyperband` does (a
     promoted trial loads its parent's best checkpoint and trains on from
-    `initial_epoch`); only the oracle differs.
+    `initial_epoch`), and takes the same `**kwargs` as any
+    `keras_tuner.Tuner`; only the oracle differs. `search(...)` takes
+    `model.fit`'s arguments; the epochs come from the trials.
 
     `objective`, `max_epochs`, `factor`, `budget`, `hyperband_iterations`,
     `seed`, `random_fraction`, `min_points`, `xi`, `candidates`,

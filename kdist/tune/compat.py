@@ -25,6 +25,12 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 TESTED_KERAS_TUNER = ">=1.4.7,<1.5"
+"""The keras-tuner versions kdist's search is tested with, as a version specifier.
+
+kdist reaches a few of keras-tuner's private internals, which may change in any
+release: the `tune` extra pins keras-tuner to these versions, and importing
+`kdist.tune` with another one warns.
+"""
 
 
 def keras_tuner_is_tested(version=None):

@@ -73,10 +73,29 @@ _current = None
 class Roles:
     """Which part of the search this rank plays, and the communicators it needs.
 
+    `current_roles()` gives this rank's during a distributed search.
+
     Args:
         comm: the job's communicator (all N ranks).
         folds_per_group: fold teams per group (`KFoldTuner` only).
         workers_per_fold: data-parallel ranks per fold team.
+
+    Attributes:
+        groups: the number of groups, `(N - 1) / (folds_per_group *
+            workers_per_fold)`.
+        group: this rank's group (-1 on rank 0).
+        fold_team: this rank's fold team within its group.
+        worker: this rank's place within its fold team.
+        is_master: whether this rank runs the oracle (rank 0).
+        is_leader: whether this rank is its group's first, which talks to the
+            oracle.
+        group_comm: the communicator of this rank's group.
+        team_comm: the communicator of this rank's fold team (what
+            `trial_comm()` returns).
+
+    Raises:
+        ValueError: N is not `1 + groups * folds_per_group * workers_per_fold`
+            with at least one group.
     """
 
     def __init__(self, comm, folds_per_group=1, workers_per_fold=1):
@@ -143,6 +162,16 @@ def search(tuner, *fit_args, folds_per_group=1, workers_per_fold=1, comm=None,
            lost_after=60.0, trial_timeout=None, **fit_kwargs):
     """Runs `tuner.search(*fit_args, **fit_kwargs)` over all ranks of `comm`.
 
+    With `N = 1 + groups * folds_per_group * workers_per_fold` ranks, rank 0
+    serves the oracle through keras-tuner's own oracle service (gRPC), and
+    each group of `folds_per_group x workers_per_fold` ranks asks it for
+    trials and evaluates one at a time: the group's first rank talks to the
+    oracle and hands each trial to the others over MPI. Inside a group,
+    `KFoldTuner` deals the folds to the fold teams, and a fold team trains
+    data-parallel. Results go to the oracle's directory, which all ranks
+    must share, so the same command run again resumes the search with the
+    finished trials kept.
+
     Every rank calls this with the same tuner settings and arguments. On one
     process it is plain `tuner.search`. Build the tuner with `overwrite=False`
     on every rank (to start afresh, call `clear_project(directory,
@@ -162,12 +191,20 @@ def search(tuner, *fit_args, folds_per_group=1, workers_per_fold=1, comm=None,
             a trial; then the oracle gives up on it and another group runs
             the trial from the start. Groups given up on get no more trials.
         trial_timeout: seconds a group may hold one trial (default: no
-            limit); past it the trial ends as failed and the group is given
-            up on.
+            limit); past it the trial ends as `FAILED` and the group is given
+            up on. It has no effect on one process.
 
     A group that dies only leaves the others running when MPI runs with
     fault tolerance (`kdist run --fault-tolerant`); otherwise MPI ends the
     job, and the same command run again resumes the search.
+
+    Raises:
+        ValueError: `lost_after` or `trial_timeout` is not a number of seconds
+            > 0 (on every rank, before anything starts); `KERASTUNER_*`
+            variables are set (keras-tuner's own distributed tuning: unset
+            them); `folds_per_group > 1` without a `KFoldTuner`, or more fold
+            teams than folds; a number of ranks that does not split into groups
+            (see `Roles`).
     """
     global _current
     lost_after, trial_timeout = watch.check_timeouts(lost_after, trial_timeout)

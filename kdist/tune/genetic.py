@@ -31,7 +31,8 @@ class GeneticOracle(storage.WholeSaves, kt.Oracle):
     finished trials (pre-selection; a trial costs far more than a fit).
     Genes live in the unit cube of each hyper-parameter's own scale (log
     scales stay log), integers are rounded, unordered choices are inherited
-    and resampled.
+    and resampled. The operators are functions of `kdist.tune.operators`
+    (DEAP's `selBest` and `selTournament` among them).
 
     A new generation starts once as many members of the current one have
     finished as it needs; a request that comes while its last members still
@@ -56,6 +57,12 @@ class GeneticOracle(storage.WholeSaves, kt.Oracle):
         children: children bred per trial, of which one is trained; 1 trains
             every child, as a plain genetic algorithm.
         seed: makes a search reproducible.
+
+    Raises:
+        ValueError: `population_size` below 2, `elite_fraction` outside
+            [0, 1), `mutation_rate` outside [0, 1], `generations` or
+            `children` below 1, a fractional count, or a negative seed.
+        TypeError: a count that is not a number.
 
     Example:
 
@@ -112,6 +119,8 @@ class GeneticOracle(storage.WholeSaves, kt.Oracle):
 
     @property
     def planned_generations(self):
+        """The annealing horizon: generations over which mutation steps shrink to
+        nothing (`generations`, or as many as `max_trials` allows)."""
         if self.generations is not None:
             return int(self.generations)
         extra = max(0, (self.max_trials or self.population_size) - self.population_size)

@@ -100,6 +100,20 @@ class KFoldTuner(storage.WholeTunerSaves, kt.Tuner):
             every trial, so trials are compared on the same folds.
         split_seed: the seed of that random split.
         **kwargs: `directory`, `project_name`, `overwrite`, ... as for any tuner.
+            Under MPI, `overwrite=True` clears the project once for all ranks
+            (`kdist.tune.clear_project`), not once per rank.
+
+    `search(x, y, ..., **fit_kwargs)` takes arrays (or dicts or lists of
+    them) and `fit`'s arguments, without `validation_data` or
+    `validation_split`; under MPI with more than one rank it runs as
+    `kdist.tune.search` does (see `search` below).
+
+    Raises:
+        ValueError: no `oracle`, or fewer than 2 folds. While searching, a
+            trial raises (keras-tuner then marks it invalid) `ValueError` when
+            `search` is given `validation_data` or `validation_split`, or there
+            are fewer rows than folds, and `TypeError` for a `tf.data.Dataset`
+            or positional arguments after `y`.
 
     Example:
 
@@ -266,6 +280,10 @@ class KFoldTuner(storage.WholeTunerSaves, kt.Tuner):
         `workers_per_fold` data-parallel ranks: with N ranks there are
         `(N - 1) / (folds_per_group * workers_per_fold)` groups.
         `lost_after` and `trial_timeout` are `kdist.tune.search`'s.
+
+        Raises:
+            ValueError: `lost_after` or `trial_timeout` is not a number of
+                seconds > 0, and the errors of `kdist.tune.search`.
         """
         watch.check_timeouts(lost_after, trial_timeout)
         if distributed.current_roles() is None:

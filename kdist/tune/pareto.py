@@ -69,6 +69,7 @@ class ParetoTrials:
 
     @property
     def signs(self):
+        """+1 for each objective to maximise, -1 for each to minimise, in order."""
         return np.array([1.0 if o.direction == "max" else -1.0 for o in _objectives(self)])
 
     def objective_values(self, trial):
@@ -144,7 +145,11 @@ def plot_front(oracle, path=None, objectives=(0, 1), ax=None):
         objectives: the two objectives to plot, by position in the list.
         ax: a matplotlib axes to draw on (default: a new figure).
 
-    Returns the matplotlib axes.
+    Returns:
+        The matplotlib axes.
+
+    Raises:
+        ValueError: no trial has finished yet.
     """
     import matplotlib
 
@@ -182,13 +187,27 @@ class _Member(list):
 
 class NSGA2Oracle(ParetoTrials, storage.WholeSaves, kt.Oracle):
     """NSGA-II: parents chosen by non-dominated rank and crowding, children by
-    simulated binary crossover and polynomial mutation (DEAP's operators).
+    simulated binary crossover and polynomial mutation (DEAP's
+    `cxSimulatedBinaryBounded` and `mutPolynomialBounded`).
 
     Steady-state, so no request ever waits for a generation: the first
     `population_size` trials are random; after that each request selects the
     `population_size` best finished trials with DEAP's `selNSGA2` and breeds
     one child from two of them picked by `selTournamentDCD`. Unordered
     choices are inherited from either parent and resampled on mutation.
+
+    A multi-objective search has no single best trial but a Pareto front:
+    the trials no other trial beats on every objective at once. The oracle
+    keeps keras-tuner's summed `trial.score` for its displays (maximised
+    objectives negated) and ranks trials by fronts:
+
+    - `pareto_front()`: the finished trials no other finished trial dominates;
+    - `fronts()`: every front in order, the Pareto front first (within a
+      front, the trials that spread it most come first);
+    - `get_best_trials(n)`: the first `n` trials, front by front;
+    - `objective_values(trial)`: a trial's values in the objectives' order
+      (None until it has finished with every one);
+    - `signs`: +1 for each maximised objective, -1 for each minimised one.
 
     `max_trials`, `hyperparameters`, `allow_new_entries`, `tune_new_entries`,
     `max_retries_per_trial` and `max_consecutive_failed_trials` are as for
@@ -205,6 +224,10 @@ class NSGA2Oracle(ParetoTrials, storage.WholeSaves, kt.Oracle):
             nearer their parents).
         mutation_rate: chance that each gene mutates (default: 1 / genes).
         seed: makes a search reproducible.
+
+    Raises:
+        ValueError: fewer than two objectives, `population_size` below 4,
+            an eta <= 0, `mutation_rate` outside [0, 1], or a negative seed.
 
     Example:
 
@@ -288,10 +311,18 @@ class ParEGOOracle(ParetoTrials, BayesianOracle):
     the trials so far, with the augmented Chebyshev function
     `max_i w_i f_i + 0.05 sum_i w_i f_i` (every objective turned into a loss).
     kdist's Gaussian process then proposes for that scalarisation, so
-    successive trials aim at different parts of the front.
+    successive trials aim at different parts of the front. It has
+    `NSGA2Oracle`'s Pareto methods: `pareto_front()`, `fronts()`,
+    `get_best_trials(n)` front by front, `objective_values(trial)` and
+    `signs`.
 
-    Args: as for `BayesianOracle`, with `objective` a list of at least two
-    objectives.
+    Args:
+        objective: a list of at least two objectives.
+        **kwargs: `BayesianOracle`'s other arguments.
+
+    Raises:
+        ValueError: fewer than two objectives, or a bad `BayesianOracle`
+            argument.
 
     Example:
 

@@ -93,6 +93,23 @@ class PBT(kt.Tuner):
     of several ranks (`workers_per_fold`) needs an optimizer built as
     `kdist.DistributedOptimizer(optimizer, comm=kdist.tune.trial_comm())`.
 
+    Every round saves the weights and the optimizer's state, so
+    `get_best_models()` (through `load_model(trial)`) gives each model with its
+    optimizer's state where its round ended, ready to train on.
+    `learned_schedule(trial_id=None)` is the oracle's.
+
+    Args:
+        hypermodel: a `keras_tuner.HyperModel` or a function `hp -> model`.
+        **kwargs: any `keras_tuner.Tuner` argument (`directory`,
+            `project_name`, `overwrite`, ...).
+
+    Raises:
+        ValueError: a bad setting, as for `PBTOracle`. While searching, a
+            round raises `ValueError` (keras-tuner then marks the trial
+            invalid) when `search` is given `epochs` or `initial_epoch`, the
+            model is not compiled, or the checkpoint's optimizer variables do
+            not match the model's.
+
     Example:
 
         >>> import keras, keras_tuner as kt, kdist.tune
@@ -177,6 +194,15 @@ class ScheduleReplay(keras.callbacks.Callback):
         schedule: a list of `{"epoch": e, "values": {...}}`.
         names: the values to replay; by default those that name an attribute of
             the optimizer. Others (a dropout rate) are the model's to build with.
+
+    The learning rate is set in place; a change of any other value makes the
+    model trace its train step again. `values_at(epoch)` returns the values in
+    force at an epoch.
+
+    Raises:
+        ValueError: `schedule` is empty or not a list of such entries; at an
+            epoch's start, a name in `names` that is not an attribute of the
+            optimizer.
 
     Example:
 

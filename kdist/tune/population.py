@@ -96,6 +96,15 @@ class PBTOracle(storage.WholeSaves, kt.Oracle):
     `learned_schedule(trial_id)` gives the hyper-parameters a trial's weights were
     trained with, epoch by epoch.
 
+    Each round of each member is one trial, whose values carry, besides the
+    hyper-parameters, `tuner/trial_id` (the trial whose weights it continues:
+    the member's own last round, or after an exploit the donor's; absent for
+    a first round), `tuner/initial_epoch`, `tuner/epochs` and `pbt/member`.
+    The tuner that trains them is `kdist.tune.PBT`. There is no `max_trials`:
+    the search ends when every member has trained `max_epochs`. `rounds` is
+    the number of rounds a member trains when it never takes a donor further
+    on, `ceil(max_epochs / perturbation_interval)`.
+
     `objective`, `hyperparameters`, `allow_new_entries`, `tune_new_entries`,
     `max_retries_per_trial` and `max_consecutive_failed_trials` are as for any
     `keras_tuner.Oracle`.
@@ -118,6 +127,14 @@ class PBTOracle(storage.WholeSaves, kt.Oracle):
             continued a checkpoint, values are perturbed.
         synchronous: rounds in lockstep (see above).
         seed: makes a search reproducible.
+
+    Raises:
+        ValueError: `population_size` below 2, `perturbation_interval` or
+            `max_epochs` below 1, a negative `burn_in`, `quantile_fraction`
+            outside (0, 0.5], `resample_probability` outside [0, 1], a
+            perturbation factor that is not a positive number, or a negative
+            seed.
+        TypeError: `explore` is neither `"pb2"` nor callable.
 
     Example:
 
@@ -224,7 +241,12 @@ class PBTOracle(storage.WholeSaves, kt.Oracle):
         return sorted(scores, key=lambda m: (-scores[m] if maximise else scores[m], m))
 
     def quantiles(self, epoch):
-        """(top members, bottom members) of the ranking at `epoch`."""
+        """(top members, bottom members) of the ranking at `epoch`, each
+        `quantile_fraction` of the members with a score (at most half).
+
+        Synchronous: ranked by the scores at the end of `epoch`; asynchronous:
+        by each member's latest score. Members are numbers, as in `pbt/member`.
+        """
         ranked = self._ranked(epoch)
         count = min(math.ceil(self.quantile_fraction * len(ranked)), len(ranked) // 2)
         if count == 0:
@@ -323,7 +345,12 @@ class PBTOracle(storage.WholeSaves, kt.Oracle):
     def learned_schedule(self, trial_id=None):
         """The hyper-parameters that trained a trial's weights: a list of
         `{"epoch": e, "values": {...}}`, from epoch 0, one entry per change. The best
-        trial's by default."""
+        trial's by default.
+
+        Raises:
+            ValueError: no trial has finished (with `trial_id=None`).
+            KeyError: no trial has that id.
+        """
         if trial_id is None:
             best = self.get_best_trials(1)
             if not best:

@@ -42,6 +42,14 @@ def _is_categorical(hp):
 class Encoding:
     """Maps trial values to vectors and vectors to trial values.
 
+    Each hyper-parameter maps to [0, 1] through its own `value_to_prob` /
+    `prob_to_value`, so log scales and integer steps are kept, except
+    unordered choices with `one_hot`. Fixed hyper-parameters take no
+    dimension. Conditional hyper-parameters keep their dimension; inactive
+    ones are dropped when decoding, as keras-tuner expects only active values
+    in a trial. `encode(values)`, `decode(vector)` and `random(rng, count)`
+    go between trial values and the unit cube; `dimensions` is its size.
+
     Args:
         hyperparameters: the oracle's `HyperParameters` (its `space`).
         one_hot: encode unordered choices one-hot (one dimension per value);

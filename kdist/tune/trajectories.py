@@ -23,9 +23,10 @@ def _is_log(oracle, name):
 def plot_population(oracle, path=None, hyperparameters=None, axes=None):
     """Plots population-based training's rounds: the score each round ended with
     (top panel) and each explored hyper-parameter (one panel each) against the
-    epoch, one colour per member. A dashed line marks an exploit: the member took
-    the weights of the round it starts from. The best trial's lineage, whose
-    values `learned_schedule()` gives, is drawn thick.
+    epoch, one colour per member, with matplotlib. A dashed line marks an
+    exploit: the member took the weights of the round it starts from. The best
+    trial's lineage, whose values `learned_schedule()` gives, is drawn thick.
+    Hyper-parameters sampled on a log scale get log axes.
 
     Args:
         oracle: a `PBTOracle` (`tuner.oracle` of a `PBT` tuner) with finished rounds.
@@ -35,7 +36,13 @@ def plot_population(oracle, path=None, hyperparameters=None, axes=None):
         axes: matplotlib axes to draw on, one for the score and one per name
             (default: a new figure).
 
-    Returns the list of matplotlib axes.
+    Returns:
+        The list of matplotlib axes.
+
+    Raises:
+        ValueError: no round has finished, a name in `hyperparameters` is not
+            an explored number, or `axes` does not hold one axes for the score
+            and one per name.
     """
     import matplotlib
     import matplotlib.ticker

@@ -19,6 +19,19 @@ once and uses py-function ops, which XLA cannot compile. `KDIST_NATIVE_OPS=0`
 turns the native ops off (read whenever a graph is built). Once loaded, the ops write
 the crashing thread's native backtrace when the process crashes (engine.cc;
 `KDIST_NATIVE_BACKTRACE=0` turns that off).
+
+The op module that `load()` returns holds:
+
+- `kdist_allreduce(tensors, comm, reduce_op=1, average=False, prescale=1.0,
+  postscale=1.0, direct_bytes=262144, label="")`: one fused allreduce of a list of
+  tensors of one dtype. `comm` is a `Communicator.fortran_handle`; `reduce_op` is 1
+  (sum), 2 (min), 3 (max) or 4 (product); with `average` the sum is divided by the
+  ranks that contributed. Tensors of `direct_bytes` or more are reduced in place, the
+  others packed into one buffer.
+- `kdist_allgather(tensor, comm, size=1, label="")`, `kdist_broadcast(tensor, comm,
+  root=0, label="")`;
+- `kdist_allreduce_async(tensor, comm, ...)`: one tensor through the fusion queue;
+- `kdist_mpi_library()`: the MPI library version the ops were built against.
 """
 
 import ctypes
@@ -140,7 +153,13 @@ def _disabled():
 
 
 def load():
-    """The loaded op module, or None when the native ops cannot be used here."""
+    """The op module, building it on first use (about 15 s); None when the ops cannot be
+    used here.
+
+    That is when there is no `mpicxx`, no MPI headers, the ops were built for another MPI
+    library than mpi4py's, or `KDIST_NATIVE_OPS=0`; `failure()` then says why, and kdist
+    logs it once. Ranks that start together wait for one build.
+    """
     global _ops, _ops_failure, _ops_library
     if _disabled():
         return None
@@ -183,7 +202,13 @@ def _run_eagerly(tf, op):
 
 
 def load_xla():
-    """Makes the native ops compilable by XLA; raises when that is impossible here."""
+    """Builds (about a minute, once per installation) and loads the XLA lowering.
+
+    kdist calls it when it traces a collective inside a function compiled with XLA.
+    Raises `RuntimeError`, saying why and to compile with `jit_compile=False`, when
+    that is impossible here (the ops are not available, or the lowering does not
+    build).
+    """
     global _xla_loaded, _xla_failure
     if _xla_loaded:
         return
