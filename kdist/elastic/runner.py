@@ -26,17 +26,15 @@ class FatalToThisRank(Exception):
     stderr and kills itself, as a crash would, so that the others see it as
     dead and recover. In a world of one rank, or in a job not started
     fault-tolerant (`kdist run --elastic`), it ends the process with
-    `SystemExit(1)` instead. Outside `run` it is an ordinary exception.
+    `SystemExit(1)` instead. Outside `run` it is an ordinary exception:
 
-    Example:
-
-        ```python
-        @kdist.elastic.run
-        def train(state):
-            if not gpu_is_healthy():
-                raise kdist.elastic.FatalToThisRank("GPU lost")
-            model.fit(...)
-        ```
+    ```python
+    @kdist.elastic.run
+    def train(state):
+        if not gpu_is_healthy():
+            raise kdist.elastic.FatalToThisRank("GPU lost")
+        model.fit(...)
+    ```
     """
 
 

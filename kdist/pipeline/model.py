@@ -116,15 +116,15 @@ class PipelineModel(keras.Model):
         >>> model.profile["steps"]
         2
 
-        Two stages on two ranks (`kdist run -n 2 python train.py`):
+    Two stages on two ranks (`kdist run -n 2 python train.py`):
 
-        ```python
-        stages = kdist.pipeline.split(whole, [1])  # Dense(16) | Dense(3)
-        model = kdist.pipeline.PipelineModel(stages, micro_batches=8, schedule="1f1b")
-        model.compile(optimizer="adam", loss="mse")
-        model.fit(x, y, batch_size=64, epochs=3)
-        model.save_weights("pipeline.weights.h5")
-        ```
+    ```python
+    stages = kdist.pipeline.split(whole, [1])  # Dense(16) | Dense(3)
+    model = kdist.pipeline.PipelineModel(stages, micro_batches=8, schedule="1f1b")
+    model.compile(optimizer="adam", loss="mse")
+    model.fit(x, y, batch_size=64, epochs=3)
+    model.save_weights("pipeline.weights.h5")
+    ```
     """
 
     def __init__(self, stages, micro_batches=4, schedule="1f1b", recompute=False, replicas=None,
