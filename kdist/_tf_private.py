@@ -91,6 +91,19 @@ def graph_in_xla_context(graph):
     return control_flow_util.GraphOrParentsInXlaContext(graph)
 
 
+def onednn_enabled():
+    """Whether this TensorFlow runs oneDNN's CPU kernels (None where it cannot tell).
+
+    Relies on `tensorflow.python.util._pywrap_util_port.IsMklEnabled`, which reads
+    `TF_ENABLE_ONEDNN_OPTS` and the CPU's features once, as TensorFlow itself does.
+    """
+    try:
+        from tensorflow.python.util import _pywrap_util_port
+    except ImportError:
+        return None
+    return bool(_pywrap_util_port.IsMklEnabled())
+
+
 def eager_context_started():
     """Whether TensorFlow's eager context has created its devices already (settings read
     at device creation, such as the CPU allocator's, then come too late).

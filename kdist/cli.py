@@ -27,6 +27,7 @@ import threading
 import time
 
 from kdist import _left_behind, _prefix, _rank_ends
+from kdist.comm import onednn
 
 
 def find_mpiexec():
@@ -176,13 +177,18 @@ def _run(args, verb="run"):
             # Open MPI does not give a dead rank's slot back, so on this machine
             # its replacement needs leave to share a core.
             extra = ["--oversubscribe"] + extra
+    kernels = onednn.environment_for_ranks()
+    forward = _forwarded(args.verbose)
+    if kernels or "TF_ENABLE_ONEDNN_OPTS" in os.environ:
+        forward.append("TF_ENABLE_ONEDNN_OPTS")  # the same kernels on every host
     try:
         argv, env = mpiexec_command(
             args.n, command, extra=extra,
             fault_tolerant=elastic or getattr(args, "fault_tolerant", False),
-            forward=_forwarded(args.verbose))
+            forward=forward)
     except (ValueError, FileNotFoundError) as error:
         raise SystemExit(f"kdist {verb}: {error}")
+    env.update(kernels)
     if elastic:
         env["KDIST_ELASTIC_MIN_NP"] = str(min_np or 1)
         env["KDIST_ELASTIC_MAX_NP"] = "" if max_np is None else str(max_np)
@@ -192,6 +198,10 @@ def _run(args, verb="run"):
     env["KDIST_TTY"] = "1" if sys.stdout.isatty() else "0"
     if args.verbose:
         env["KDIST_VERBOSE"] = "1"
+        if kernels:
+            print(f"kdist {verb}: TF_ENABLE_ONEDNN_OPTS=1 for the ranks ("
+                  f"{onednn.decide(onednn.cpu_flags())['why']}; KDIST_ONEDNN=0 leaves it "
+                  "unset)", file=sys.stderr)
         print(f"kdist {verb}:", " ".join(argv), file=sys.stderr)
     if args.n > cores and not elsewhere:
         print(f"kdist {verb}: {args.n} ranks on {cores} core(s): ranks share cores, so each "
@@ -306,7 +316,8 @@ def _launch(args):
         os.environ["KDIST_VERBOSE"] = "1"
         print(f"kdist launch: {args.n} TensorFlow workers:", " ".join(command), file=sys.stderr)
     try:
-        return launch_tf(args.n, command, prefix=not args.no_prefix)
+        return launch_tf(args.n, command, prefix=not args.no_prefix,
+                         env=dict(os.environ, **onednn.environment_for_ranks()))
     except OSError as error:
         raise SystemExit(f"kdist launch: cannot start {command[0]}: {error}")
 
@@ -348,6 +359,8 @@ def collect_info():
         "intra_op_threads": tf.config.threading.get_intra_op_parallelism_threads() or "default",
         "inter_op_threads": tf.config.threading.get_inter_op_parallelism_threads() or "default",
         "devices": [d.name for d in tf.config.list_logical_devices()],
+        "onednn": onednn.enabled(),
+        "onednn_why": onednn.decide(onednn.cpu_flags())["why"],
     }
     from kdist.distribute.selection import choose
 
@@ -420,9 +433,28 @@ def _info(args):
               f"cores allowed, intra-op threads "
               f"{each['intra_op_threads']}, inter-op {each['inter_op_threads']}, devices "
               f"{', '.join(each['devices'])}")
-    for line in placement_advice(everyone):
+    for line in placement_advice(everyone) + kernel_advice(everyone):
         print(f"note: {line}")
     return 0
+
+
+def kernel_advice(everyone):
+    """Which CPU kernels TensorFlow runs on the ranks, and how to change it, one line each."""
+    lines = []
+    for kernels in sorted({(each["onednn"], each["onednn_why"]) for each in everyone},
+                          key=str):
+        on, why = kernels
+        ranks = [each["rank"] for each in everyone if (each["onednn"], each["onednn_why"])
+                 == kernels]
+        where = "every rank" if len(ranks) == len(everyone) else f"ranks {ranks}"
+        state = {True: "oneDNN's", False: "TensorFlow's own", None: "unknown"}[on]
+        advice = ""
+        if on is False and "unless TF_ENABLE_ONEDNN_OPTS=1" in why:
+            advice = (" Set TF_ENABLE_ONEDNN_OPTS=1 before the script starts (kdist run does "
+                      "this unless it is set or KDIST_ONEDNN=0): convolutions run several "
+                      "times faster (docs/speed.md).")
+        lines.append(f"CPU kernels on {where}: {state} ({why}).{advice}")
+    return lines
 
 
 def placement_advice(everyone):

@@ -510,3 +510,80 @@ def test_the_rank_wrapper_passes_on_descriptors_the_launcher_handed_down():
         os.close(read)
         os.close(write)
     assert done.returncode == 0 and "descriptor open" in done.stdout, done.stdout
+
+
+AVX2_ONLY = {"sse4_1", "avx", "avx2", "fma"}  # an AMD EPYC Rome or Milan, as /proc/cpuinfo lists
+
+
+def test_onednn_is_turned_on_only_where_tensorflow_leaves_it_off_and_nobody_chose():
+    from kdist.comm import onednn
+
+    linux = {"machine": "x86_64", "system": "Linux"}
+    epyc = onednn.decide(AVX2_ONLY, {}, **linux)
+    assert epyc["default"] is False and epyc["turn_on"] is True
+    assert "TF_ENABLE_ONEDNN_OPTS=1" in epyc["why"]
+    cascade_lake = onednn.decide(AVX2_ONLY | {"avx512f", "avx512_vnni"}, {}, **linux)
+    assert cascade_lake["default"] is True and cascade_lake["turn_on"] is False
+    assert "avx512_vnni" in cascade_lake["why"]
+    # The user's choice, either way, and kdist's switch are left alone.
+    for environ in ({"TF_ENABLE_ONEDNN_OPTS": "0"}, {"TF_ENABLE_ONEDNN_OPTS": "1"},
+                    {"KDIST_ONEDNN": "0"}):
+        assert onednn.decide(AVX2_ONLY, environ, **linux)["turn_on"] is False
+    old = onednn.decide({"sse4_1", "avx"}, {}, **linux)
+    assert old["turn_on"] is False and "neither AVX2" in old["why"]
+    assert onednn.decide(set(), {}, **linux)["turn_on"] is False
+    arm = onednn.decide({"asimd"}, {}, machine="aarch64", system="Linux")
+    assert arm["default"] is None and arm["turn_on"] is False
+    assert onednn.environment_for_ranks({}, AVX2_ONLY) == {"TF_ENABLE_ONEDNN_OPTS": "1"}
+    assert onednn.environment_for_ranks({"KDIST_ONEDNN": "0"}, AVX2_ONLY) == {}
+
+
+def test_cpu_flags_are_read_from_cpuinfo(tmp_path):
+    from kdist.comm import onednn
+
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu sse4_1 avx2\n\nprocessor\t: 1\n")
+    assert onednn.cpu_flags(cpuinfo) == {"fpu", "sse4_1", "avx2"}
+    assert onednn.cpu_flags(tmp_path / "missing") == set()
+
+
+@pytest.mark.mpi
+def test_run_gives_its_ranks_onednn_on_a_cpu_where_tensorflow_leaves_it_off(
+        mpiexec_path, monkeypatch, capfd):
+    from kdist.comm import onednn
+
+    monkeypatch.delenv("TF_ENABLE_ONEDNN_OPTS", raising=False)
+    monkeypatch.delenv("KDIST_ONEDNN", raising=False)
+    monkeypatch.setattr(onednn, "cpu_flags", lambda path="": AVX2_ONLY)
+    monkeypatch.setattr(onednn.platform, "machine", lambda: "x86_64")
+    show = [sys.executable, "-c",
+            "import os; print('setting', os.environ.get('TF_ENABLE_ONEDNN_OPTS'))"]
+    assert cli.main(["run", "-n", "1", "--verbose", "--", *show]) == 0
+    out, err = capfd.readouterr()
+    assert "setting 1" in out and "TF_ENABLE_ONEDNN_OPTS=1 for the ranks" in err
+    assert "-x TF_ENABLE_ONEDNN_OPTS" in err  # passed on to ranks on other hosts too
+    monkeypatch.setenv("KDIST_ONEDNN", "0")
+    assert cli.main(["run", "-n", "1", "--", *show]) == 0
+    assert "setting None" in capfd.readouterr().out
+
+
+def test_info_says_which_cpu_kernels_the_ranks_run_and_how_to_change_it():
+    from kdist.cli import kernel_advice
+
+    off = "the CPU has avx2 but none of ...: TensorFlow leaves oneDNN off unless " \
+          "TF_ENABLE_ONEDNN_OPTS=1"
+    ranks = [dict(_rank(r), onednn=False, onednn_why=off) for r in range(2)]
+    (line,) = kernel_advice(ranks)
+    assert line.startswith("CPU kernels on every rank: TensorFlow's own")
+    assert "Set TF_ENABLE_ONEDNN_OPTS=1 before the script starts" in line
+    mixed = [dict(ranks[0], onednn=True, onednn_why="the CPU has avx512_vnni: ..."), ranks[1]]
+    lines = kernel_advice(mixed)
+    assert len(lines) == 2 and any("ranks [0]: oneDNN's" in each for each in lines)
+    done = kdist_cli("info")
+    assert done.returncode == 0, done.stderr
+    from kdist.comm import onednn
+
+    setting = os.environ.get("TF_ENABLE_ONEDNN_OPTS")
+    on = onednn.decide(onednn.cpu_flags())["default"] if setting is None else setting == "1"
+    expected = "oneDNN's" if on else "TensorFlow's"
+    assert f"CPU kernels on every rank: {expected}" in done.stdout
