@@ -590,6 +590,22 @@ def test_strided_conv_benchmark_times_two_equal_convolutions():
         assert layer["speedup"] == pytest.approx(layer["strided_s"] / layer["subsampled_s"])
 
 
+def test_onednn_benchmark_runs_each_setting_in_its_own_process_and_reports_ratios():
+    done = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "benchmarks", "onednn.py"), "--models", "conv2d",
+         "--settings", "off,on", "--steps", "1"],
+        capture_output=True, text=True, timeout=300, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = _json_from(done.stdout)
+    row = result["models"]["conv2d"]
+    assert row["unit"] == "steps/s" and min(row["rate"].values()) > 0
+    # Each process ran the kernels its setting asked for: the switch took.
+    assert row["onednn"] == {"off": False, "on": True}
+    assert row["over_off"]["on"] == pytest.approx(row["rate"]["on"] / row["rate"]["off"],
+                                                  rel=0.01)
+    assert "CPU has" in result["cpu"] or "unknown" in result["cpu"]
+
+
 def test_startup_benchmark_compares_with_keras_and_names_what_keras_imports_unused():
     done = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "startup.py"),
                            "--repeats", "1", "--cases", "python"], capture_output=True,
