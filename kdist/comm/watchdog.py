@@ -68,18 +68,25 @@ def abort(reason, code=1):
 
     The line on standard error reads `[kdist rank R] aborting the job: reason`; then it
     ends every rank of the job with exit code `code` (`MPI_Abort` in an MPI job). If
-    `MPI_Abort` has not ended the job after 10 seconds (a lost host, a fault-tolerant
-    job whose ranks died), this process exits on its own, which ends the job too.
+    `MPI_Abort` has not ended the job after 10 seconds (a lost host), this process exits
+    on its own, which ends the job too. In a fault-tolerant job whose ranks died, it
+    exits at once with `code` instead, which ends such a job with that status.
     """
     world = _world()
     rank = world.rank if world is not None else 0
     sys.stderr.write(f"[kdist rank {rank}] aborting the job: {reason}\n")
     sys.stderr.flush()
-    if world is not None and world.size > 1:
-        from kdist.comm import ending
+    from kdist.comm import ending
 
+    if world is not None and world.size > 1:
         # The launcher may wait for a host it cannot reach after the abort, for good.
         ending.watch_the_launcher("kdist aborted the job")
+    if world is not None and ending.ranks_died():
+        # After MPI_Abort(1) in a job that lost ranks, Open MPI's launcher has exited 0 or
+        # waited for good (about 1 job in 10 under load); a rank's non-zero exit always
+        # ends a fault-tolerant job with that status.
+        logging.shutdown()
+        os._exit(code)
     if world is not None:
         # MPI_Abort can block for good: in a fault-tolerant job once ranks have
         # died, or when a host has dropped off the network and the launcher
