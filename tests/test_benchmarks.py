@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 
 import numpy as np
 import pytest
@@ -358,6 +359,42 @@ def test_pbt_benchmark_spends_equal_epochs_and_replays_the_schedule(tmp_path):
         assert set(result["summary"][method]["median_best_at_epochs"]) == {"1", "2", "4"}
     (replayed,) = result["runs"]["replayed"]
     assert replayed["schedule"][0]["epoch"] == 0 and 0 < replayed["best_accuracy"] <= 1
+
+
+def test_pbt_toy_rewards_only_a_rate_that_follows_the_progress():
+    import argparse
+
+    toy = _load_benchmark("pbt_toy")
+    rng = np.random.default_rng(0)
+    followed = 0.0
+    for _ in range(300):
+        followed = toy.train(followed, toy.ideal_rate(followed), 1, rng)
+    # At the ideal every step gains 1 on average, past the wave's turn at 100 too.
+    assert 250 < followed < 350
+    fixed = [toy.train(0.0, rate, 300, rng) for rate in np.logspace(-5, -1, 21)]
+    assert max(fixed) < 60  # a fixed rate stops where the ideal leaves it
+    assert toy.train(0.0, 1e-2, 50, rng) == 0.0  # too high from the start: no progress
+
+    # Every search spends the same steps, and each continues its parents' progress.
+    args = argparse.Namespace(population=4, max_epochs=4, interval=2, steps_per_epoch=2)
+    budget = 4 * 4 * 2
+    for method in ("kdist_pbt", "kdist_pb2", "kt_random", "kdist_bohb"):
+        with tempfile.TemporaryDirectory() as directory:
+            progress, steps = toy.search(method, args, 1, directory)
+        assert steps == budget and 0 <= progress <= 2 * 1.5 * 4, method
+    assert toy.by_hand("best_cosine", args, 1)[1] == 41 * 4 * 2
+    import keras_tuner as kt
+
+    with tempfile.TemporaryDirectory() as directory:
+        oracle = kt.oracles.RandomSearchOracle(objective=kt.Objective("score", "max"))
+        tuner = toy._tuner_class()(oracle, args, 0, directory=directory)
+        tuner.progress["parent"] = 20.0
+        round_ = kt.engine.trial.Trial(kt.HyperParameters(), trial_id="child")
+        round_.hyperparameters.values = {"learning_rate": toy.ideal_rate(20.0),
+                                         "tuner/trial_id": "parent",
+                                         "tuner/initial_epoch": 2, "tuner/epochs": 3}
+        tuner.run_trial(round_)
+    assert tuner.steps == 2 and 20.0 < tuner.progress["child"] <= 23.0
 
 
 def test_hpo_budget_benchmark_trains_a_configuration_alike_in_every_method():
