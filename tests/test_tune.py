@@ -423,6 +423,33 @@ def test_bayesian_concurrent_proposals_differ_from_pending_trials(tmp_path):
     assert first.hyperparameters.values != second.hyperparameters.values
 
 
+def test_running_trials_shape_proposals_until_they_fail(tmp_path, monkeypatch):
+    # Each proposal sees the trials running at that moment; a running trial that fails
+    # no longer counts, and the proposal it shaped is not repeated for it.
+    oracle = ORACLES["bayesian"](seed=0)
+    oracle._set_project_dir(str(tmp_path), "failed")
+    for _ in range(8):
+        _finish(oracle, oracle.create_trial("solo"))
+    seen = []
+    propose = oracle._propose
+
+    def recording(encoding, finished, scores, pending, rng, *args, **kwargs):
+        seen.append(len(pending))
+        return propose(encoding, finished, scores, pending, rng, *args, **kwargs)
+
+    monkeypatch.setattr(oracle, "_propose", recording)
+    first = oracle.create_trial("group0")
+    second = oracle.create_trial("group1")
+    first.status = "FAILED"
+    oracle.end_trial(first)
+    third = oracle.create_trial("group0")
+    assert seen == [0, 1, 1]
+    assert len({str(t.hyperparameters.values) for t in (first, second, third)}) == 3
+    _finish(oracle, second)
+    oracle.create_trial("group1")
+    assert seen == [0, 1, 1, 1]  # only the third runs now
+
+
 def _branin(values):
     x, y = values["x"], values["y"]
     return ((y - 5.1 / (4 * np.pi ** 2) * x ** 2 + 5 / np.pi * x - 6) ** 2
