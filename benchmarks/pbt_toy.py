@@ -146,13 +146,25 @@ def by_hand(method, args, seed):
     return best, steps * 41
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_search_arguments(parser):
+    """The options that set a search's seeds and budget (ray_pbt.py takes them too)."""
     parser.add_argument("--seeds", type=int, default=10)
     parser.add_argument("--population", type=int, default=8)
     parser.add_argument("--max-epochs", type=int, default=20)
     parser.add_argument("--interval", type=int, default=2)
     parser.add_argument("--steps-per-epoch", type=int, default=10)
+
+
+def search_arguments(args):
+    """`args`' search options as a command line."""
+    return ["--seeds", str(args.seeds), "--population", str(args.population),
+            "--max-epochs", str(args.max_epochs), "--interval", str(args.interval),
+            "--steps-per-epoch", str(args.steps_per_epoch)]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_search_arguments(parser)
     parser.add_argument("--methods", default=",".join(METHODS))
     args = parser.parse_args()
     methods = args.methods.split(",")

@@ -397,6 +397,19 @@ def test_pbt_toy_rewards_only_a_rate_that_follows_the_progress():
     assert tuner.steps == 2 and 20.0 < tuner.progress["child"] <= 23.0
 
 
+def test_ray_pbt_benchmark_sets_rays_runs_beside_kdists_in_epochs():
+    ray_pbt = _load_benchmark("ray_pbt")
+    ray_runs = [{"seed": 0, "progress": 50.0, "epochs": 150},
+                {"seed": 1, "progress": 70.0, "epochs": 160}]
+    kdist_runs = {"kdist_pbt": [{"seed": 0, "progress": 60.0, "steps": 1600},
+                                {"seed": 1, "progress": 40.0, "steps": 1600}]}
+    result = ray_pbt.combine(ray_runs, kdist_runs, steps_per_epoch=10)
+    assert result["runs"]["kdist_pbt"][1] == {"seed": 1, "progress": 40.0, "epochs": 160}
+    assert result["summary"]["ray_pbt"] == {"median_progress": 60.0, "range": [50.0, 70.0],
+                                            "median_epochs": 155.0}
+    assert result["summary"]["kdist_pbt"]["median_epochs"] == 160
+
+
 def test_hpo_budget_benchmark_trains_a_configuration_alike_in_every_method():
     import keras_tuner as kt
 
