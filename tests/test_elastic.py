@@ -119,7 +119,7 @@ def test_fewer_survivors_than_the_minimum_end_the_job_with_a_message(mpi_job):
     """
     job = mpi_job(WORKER, n=3, args=["--lose-rank", 1], fault_tolerant=True, check=False,
                   timeout=120, env={"KDIST_ELASTIC_MIN_NP": "3"})
-    assert job.returncode != 0 and not job.results
+    assert job.returncode != 0 and not job.results, job.output[-4000:]
     assert "Only 2 rank(s) are left, fewer than the 3 this job needs" in job.output
 
 
