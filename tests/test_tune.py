@@ -76,6 +76,37 @@ def test_encoding_round_trips_every_kind_and_drops_inactive_values():
     assert Encoding(_space()).encode({"lr": 1e-3})[0] == pytest.approx(1 / 3)
 
 
+
+def test_every_step_of_a_stepped_float_encodes_to_itself():
+    # keras-tuner stores -0.1 in steps of 0.1 from -1 as -0.09999999999999998; its own
+    # value_to_prob puts that one step down.
+    space = kt.HyperParameters()
+    space.Float("b", -1.0, 1.0, step=0.1)
+    space.Float("f", 0.3, 2.1, step=0.3)
+    space.Float("l", 1e-4, 1e-1, step=10, sampling="log")
+    encoding = Encoding(space)
+    for hp in encoding.space:
+        steps = sorted({hp.prob_to_value(p) for p in np.linspace(0.0, 1.0, 401)})
+        assert len(steps) > 3
+        for value in steps:
+            assert encoding.decode(encoding.encode({hp.name: value}))[hp.name] == value
+
+
+def test_snapped_points_are_the_encodings_of_their_values():
+    encoding = Encoding(_space(), one_hot=True)
+    points = np.random.default_rng(0).uniform(-0.1, 1.1, size=(50, encoding.dimensions))
+    snapped = encoding.snap_points(points)
+    active = [encoding.encode(encoding.decode(p)) for p in points]
+    for row, whole in zip(snapped, active):
+        # Inactive conditional values keep their place (the last dimension here).
+        np.testing.assert_allclose(row[:-1], whole[:-1])
+        assert encoding.decode(row).get("relu_extra") == encoding.decode(whole).get("relu_extra")
+    assert encoding.discrete
+    continuous = kt.HyperParameters()
+    continuous.Float("x", 0.0, 1.0)
+    assert not Encoding(continuous).discrete
+    np.testing.assert_allclose(Encoding(continuous).snap_points([[0.3], [1.2]]), [[0.3], [1.0]])
+
 # Genetic operators -------------------------------------------------------------------------
 
 def test_directed_crossover_follows_the_formula_and_stays_in_bounds():
@@ -422,6 +453,28 @@ def test_bayesian_concurrent_proposals_differ_from_pending_trials(tmp_path):
     assert first.status == second.status == "RUNNING"
     assert first.hyperparameters.values != second.hyperparameters.values
 
+
+
+def test_bayesian_proposals_never_round_onto_a_running_trial():
+    # Integer and stepped inputs: the best point is a=4, b=1. With a trial running
+    # there, a proposal whose values round to the same ones would be the same trial.
+    from kdist.tune import bayesian
+
+    space = kt.HyperParameters()
+    space.Int("a", 0, 10)
+    space.Float("b", 0.0, 1.0, step=0.25)
+    encoding = Encoding(space, one_hot=True)
+    oracle = bayesian.BayesianOracle(objective=kt.Objective("loss", "min"),
+                                     hyperparameters=space, candidates=300)
+    running = encoding.encode({"a": 4, "b": 1.0})[None]
+    for seed in range(8):  # before rounding was scored, seeds 1 and 7 proposed a=4, b=1
+        rng = np.random.default_rng(seed)
+        finished = encoding.snap_points(rng.uniform(size=(10, 2)))
+        scores = np.array([abs(v["a"] - 4) - v["b"] for v in map(encoding.decode, finished)])
+        for pending in (np.empty((0, 2)), running):
+            point = oracle._propose(encoding, finished, scores, pending, rng)
+            np.testing.assert_allclose(point, encoding.snap_points(point[None])[0])
+        assert encoding.decode(point) != {"a": 4, "b": 1.0}, seed
 
 def test_running_trials_shape_proposals_until_they_fail(tmp_path, monkeypatch):
     # Each proposal sees the trials running at that moment; a running trial that fails

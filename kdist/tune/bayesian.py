@@ -24,6 +24,12 @@ LENGTH_SCALE_PRIOR = (np.log(0.3), 0.7)
 # Draws of the running trials' scores that expected improvement is averaged
 # over while trials run (a power of two, for the Sobol sequence that draws them).
 FANTASIES = 16
+# Within this many fitted length scales of a running trial (distance scaled
+# input by input) a proposal is that trial again: nothing is left to learn
+# there that the running trial will not tell. Expected improvement alone
+# allows it where every other point looks worse, as when the fitted noise
+# absorbs a kink and the best trial's neighbourhood stays uncertain.
+SEPARATION = 0.1
 
 
 def expected_improvement(mean, std, best, xi=0.0):
@@ -281,8 +287,13 @@ class BayesianOracle(storage.WholeSaves, kt.Oracle):
             # trials at the asked `context` (BOHB: the full budget) may set the
             # score to beat.
             asked = np.all(pending[:, pending.shape[1] - context.size:] == context, axis=1)
-            improvement = fantasised_improvement(model, finished, scores, pending, asked, best,
-                                                 self.xi * scale, FANTASIES, rng)
+            fantasised = fantasised_improvement(model, finished, scores, pending, asked, best,
+                                                self.xi * scale, FANTASIES, rng)
+            lengths = model.kernel_.k1.k2.length_scale
+
+            def improvement(points):
+                apart = np.linalg.norm((points[:, None, :] - pending[None]) / lengths, axis=2)
+                return np.where(apart.min(axis=1) < SEPARATION, 0.0, fantasised(points))
         else:
             def improvement(inputs):
                 mean, std = model.predict(inputs, return_std=True)
@@ -302,7 +313,13 @@ class BayesianOracle(storage.WholeSaves, kt.Oracle):
             count = max(1, self.candidates // (2 * (rank + 1)))
             steps = rng.normal(size=(count, dims)) * rng.choice([0.01, 0.05, 0.15], (count, 1))
             candidates.append(np.clip(finished[index, :dims] + steps, 0.0, 1.0))
-        candidates = np.vstack(candidates)
+        # Improvement is scored where a point's values really are (integers and
+        # steps rounded): two points that round alike are one trial, and a
+        # proposal that rounds onto a running trial gains nothing. Scored
+        # before rounding, concurrent proposals came back as one point; with
+        # keras-tuner's own distributed test (an integer, a stepped float, 4
+        # tuners) the search then crept along the stepped input a step a round.
+        candidates = encoding.snap_points(np.vstack(candidates))
         values = negative_ei(candidates)
         starts = candidates[np.argsort(values)[:5]]
         best_point, best_value = starts[0], values.min()
@@ -311,8 +328,13 @@ class BayesianOracle(storage.WholeSaves, kt.Oracle):
             found = optimize.minimize(lambda p: float(negative_ei(p)[0]), start,
                                       method="L-BFGS-B", bounds=bounds,
                                       options={"maxiter": 50})
-            if found.fun < best_value:
-                best_point, best_value = found.x, found.fun
+            point = found.x
+            value = found.fun
+            if encoding.discrete:
+                point = encoding.snap_points(found.x[None])[0]
+                value = float(negative_ei(point)[0])
+            if value < best_value:
+                best_point, best_value = point, value
         return best_point
 
     def _unique(self, encoding, vector, rng):

@@ -39,6 +39,29 @@ def _is_categorical(hp):
     return isinstance(hp, hp_module.Choice) and not hp.ordered
 
 
+def _is_continuous(hp):
+    return isinstance(hp, hp_module.Float) and not hp.step
+
+
+def _to_prob(hp, value):
+    """`hp.value_to_prob(value)`, taking a stepped float to its own step.
+
+    keras-tuner finds a step by floor division, so a value a rounding error
+    below its step (-0.1 in steps of 0.1 from -1 is stored as
+    -0.09999999999999998) went to the step below: a trial was seen one step
+    from where it ran, and a search kept proposing the step it had run.
+    """
+    prob = hp.value_to_prob(value)
+    if not (isinstance(hp, hp_module.Float) and hp.step):
+        return prob
+    tolerance = 1e-9 * (abs(value) + hp.step)
+    for nudged in (value, value + tolerance, value - tolerance):
+        prob = float(np.clip(hp.value_to_prob(nudged), 0.0, 1.0))
+        if abs(hp.prob_to_value(prob) - value) <= 1e3 * tolerance:
+            return prob
+    return hp.value_to_prob(value)
+
+
 class Encoding:
     """Maps trial values to vectors and vectors to trial values.
 
@@ -70,6 +93,8 @@ class Encoding:
         self.categorical = np.zeros(start, dtype=bool)
         for hp, where in zip(self.space, self.slices):
             self.categorical[where] = _is_categorical(hp)
+        # Whether some point of the cube stands for the same values as another.
+        self.discrete = not all(_is_continuous(hp) for hp in self.space)
 
     def encode(self, values):
         """The vector of a dict of values; missing or inactive ones take their default."""
@@ -82,7 +107,7 @@ class Encoding:
                 vector[where] = 0.0
                 vector[where.start + hp.values.index(value)] = 1.0
             else:
-                vector[where] = hp.value_to_prob(value)
+                vector[where] = _to_prob(hp, value)
         return vector
 
     def decode(self, vector):
@@ -107,6 +132,24 @@ class Encoding:
     def snap(self, vector):
         """The vector of the values a vector decodes to (integers rounded, one-hot made exact)."""
         return self.encode(self.decode(vector))
+
+    def snap_points(self, points):
+        """Rows of the cube moved to the encodings of the values they decode to.
+
+        Dimension by dimension (steps and integers rounded, one-hot blocks made
+        exact), so that many points cost little; continuous dimensions are only
+        clipped to the cube. Unlike `snap`, inactive conditional values are kept.
+        """
+        points = np.clip(np.array(points, dtype=float), 0.0, 1.0)
+        for hp, where in zip(self.space, self.slices):
+            if self.one_hot and _is_categorical(hp):
+                block = points[:, where]
+                points[:, where] = np.eye(block.shape[1])[np.argmax(block, axis=1)]
+            elif not _is_continuous(hp):
+                column = points[:, where.start]
+                points[:, where.start] = [_to_prob(hp, hp.prob_to_value(float(p)))
+                                          for p in column]
+        return points
 
     def random(self, rng, count=None):
         """Uniform points of the cube, as valid encodings."""
