@@ -476,6 +476,37 @@ def test_bayesian_proposals_never_round_onto_a_running_trial():
             np.testing.assert_allclose(point, encoding.snap_points(point[None])[0])
         assert encoding.decode(point) != {"a": 4, "b": 1.0}, seed
 
+
+def _four_groups_in_rounds(seed, directory, rounds=10):
+    """Four groups share one oracle; each round all four ask, then all four report.
+    The best score is -0.9 at a=4, b=0.9, c=1e-3 (keras-tuner never proposes b=1.0,
+    the last step of its grid)."""
+    space = kt.HyperParameters()
+    space.Int("a", 0, 10)
+    space.Float("b", -1.0, 1.0, step=0.1)
+    space.Float("c", 1e-5, 1e-2, sampling="log")
+    oracle = kdist.tune.BayesianOracle(objective=kt.Objective("loss", "min"),
+                                       max_trials=4 * rounds, seed=seed, hyperparameters=space)
+    oracle._set_project_dir(str(directory), "groups")
+    for _ in range(rounds):
+        trials = [oracle.create_trial(f"group{g}") for g in range(4)]
+        for trial in trials:
+            values = trial.hyperparameters.values
+            _finish(oracle, trial, abs(values["a"] - 4) - values["b"]
+                    + 0.1 * abs(3 + np.log10(values["c"])))
+    return oracle.get_best_trials()[0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(10))
+def test_four_groups_asking_in_rounds_find_the_best_steps(seed, tmp_path):
+    best = _four_groups_in_rounds(seed, tmp_path)
+    values = best.hyperparameters.values
+    assert best.score < -0.85, values
+    assert values["a"] == 4 and values["b"] == pytest.approx(0.9), values
+    assert 3e-4 < values["c"] < 3e-3, values
+
+
 def test_running_trials_shape_proposals_until_they_fail(tmp_path, monkeypatch):
     # Each proposal sees the trials running at that moment; a running trial that fails
     # no longer counts, and the proposal it shaped is not repeated for it.
