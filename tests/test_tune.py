@@ -159,8 +159,9 @@ def test_oracle_runs_every_trial_and_is_reproducible(kind, tmp_path):
     assert len(hashes) == 12  # never the same values twice
     again = _search(ORACLES[kind](seed=3, trials=12), tmp_path / "b")
     assert again.seen == first.seen
-    other = _search(ORACLES[kind](seed=4, trials=12), tmp_path / "c")
-    assert other.seen != first.seen
+    # Another seed: six trials already differ, and cost half of twelve.
+    other = _search(ORACLES[kind](seed=4, trials=6), tmp_path / "c")
+    assert other.seen != first.seen[:6]
     for values in first.seen:
         assert 1e-4 <= values["lr"] <= 1e-1 and values["units"] % 8 == 0
         assert ("relu_extra" in values) == (values["activation"] == "relu")
