@@ -39,6 +39,11 @@ def make_environment(venv):
     return python
 
 
+def design_size(dimensions, trials):
+    """Sobol points before the model, as kdist's BayesianOracle starts."""
+    return max(3, min(2 * dimensions, trials // 3))
+
+
 def search(name, seed, batch):
     """The regret of one batched search."""
     import numpy as np
@@ -58,7 +63,7 @@ def search(name, seed, batch):
     def evaluate(points):
         return [function(low + point * (high - low)) for point in points]
 
-    design = max(3, min(2 * dimensions, trials // 3))
+    design = design_size(dimensions, trials)
     sobol = torch.quasirandom.SobolEngine(dimensions, scramble=True, seed=seed)
     inputs = sobol.draw(design, dtype=torch.double)
     values = evaluate(inputs.numpy())

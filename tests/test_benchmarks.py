@@ -712,3 +712,19 @@ def test_sanitizers_benchmark_runs_the_engine_test_clean(mpiexec_path):
         done.stdout[-3000:] + done.stderr[-3000:])
     assert [row["sanitizer"] for row in rows[:-1]] == ["none", "address"]
     assert rows[1]["runtime_linked"] is True and rows[1]["ok_ranks"] == 2
+
+
+def test_botorch_benchmark_starts_from_kdists_design_and_checks_its_arguments():
+    import keras_tuner as kt
+
+    from kdist.tune import BayesianOracle
+
+    botorch_batch = _load_benchmark("botorch_batch")
+    oracle = BayesianOracle(objective=kt.Objective("value", "min"), max_trials=30)
+    for dimensions in (1, 2, 6, 20):
+        assert botorch_batch.design_size(dimensions, 30) == oracle.initial_points(dimensions)
+    script = os.path.join(ROOT, "benchmarks", "botorch_batch.py")
+    for bad in (["--batches", "4,0"], ["--problems", "ackley10"], ["--seeds", "0"]):
+        done = subprocess.run([sys.executable, script, *bad], capture_output=True, text=True,
+                              timeout=60)
+        assert done.returncode == 2 and "error" in done.stderr, bad
