@@ -714,6 +714,32 @@ def test_sanitizers_benchmark_runs_the_engine_test_clean(mpiexec_path):
     assert rows[1]["runtime_linked"] is True and rows[1]["ok_ranks"] == 2
 
 
+def test_pbt_textures_task_hands_each_method_its_test_accuracy(monkeypatch):
+    import argparse
+
+    pbt = _load_benchmark("pbt")
+    (x, y), (xv, yv), (xt, yt) = pbt.textures()
+    assert x.shape == (2000, 16, 16, 1) and xv.shape == xt.shape == (1000, 16, 16, 1)
+    again = pbt.textures()
+    np.testing.assert_array_equal(again[0][0], x)
+    np.testing.assert_array_equal(again[0][1], y)
+    assert set(np.unique(np.concatenate([y, yv, yt]))) == set(range(10))
+    # Two rates, two epochs each: the better one's validation and test accuracy.
+    monkeypatch.setattr(pbt, "HAND_RATES", np.array([1e-3, 0.1]))
+    args = argparse.Namespace(max_epochs=2)
+    data = ((x[:400], y[:400]), (xv[:200], yv[:200]), (xt[:200], yt[:200]))
+    for method in ("best_constant", "best_cosine"):
+        valid, tested, epochs = pbt.by_hand(method, data, args)
+        assert epochs == 4 and 0 < valid <= 1 and 0 < tested <= 1
+
+
+def test_pbt_benchmark_refuses_hand_tuned_methods_on_the_digits():
+    done = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "pbt.py"),
+                           "--methods", "kdist_pbt,best_cosine"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "best_cosine" in done.stderr
+
+
 def test_botorch_benchmark_starts_from_kdists_design_and_checks_its_arguments():
     import keras_tuner as kt
 
