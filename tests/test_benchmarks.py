@@ -714,6 +714,53 @@ def test_sanitizers_benchmark_runs_the_engine_test_clean(mpiexec_path):
     assert rows[1]["runtime_linked"] is True and rows[1]["ok_ranks"] == 2
 
 
+@pytest.mark.slow  # 20-40 s: a Keras application traced under the tape
+def test_synthetic_benchmark_worker_trains_the_same_model_on_every_rank(mpirun):
+    job = mpirun(os.path.join(ROOT, "benchmarks", "synthetic.py"), n=2,
+                 args=["--worker", "--model", "MobileNetV3Small", "--image-size", "32",
+                       "--batch-size", "4", "--classes", "10", "--warmup-batches", "1",
+                       "--batches-per-iter", "1", "--iters", "2"])
+    synthetic = _load_benchmark("synthetic")
+    results = sorted(synthetic.results_of(job.output), key=lambda r: r["rank"])
+    assert [(r["rank"], r["ranks"]) for r in results] == [(0, 2), (1, 2)]
+    assert all(r["images_per_second"] > 0 for r in results)
+    # Each rank draws its own images: only averaged gradients keep the weights alike.
+    assert results[0]["weights_checksum"] == pytest.approx(results[1]["weights_checksum"],
+                                                           rel=1e-6)
+
+
+def test_synthetic_benchmark_shares_the_cores_among_the_processes_alone():
+    synthetic = _load_benchmark("synthetic")
+    shares = synthetic.core_shares(2)
+    cores = sorted(os.sched_getaffinity(0))
+    assert len(shares) == 2
+    if len(cores) >= 2:
+        used = [int(c) for share in shares for c in share.split(",")]
+        assert sorted(used) == sorted(set(used)) and set(used) <= set(cores)
+    assert synthetic.core_shares(len(cores) + 1)[-1] == str(cores[0])
+    environ = {"OMPI_COMM_WORLD_RANK": "1", "PMIX_RANK": "1", "PATH": "/bin"}
+    assert synthetic.without_mpi(environ) == {"PATH": "/bin"}
+
+
+@pytest.mark.slow
+def test_synthetic_benchmark_sets_ranks_beside_processes_alone(mpiexec_path):
+    import emulated_hosts
+
+    links = [] if emulated_hosts.available() else ["--links", "10"]
+    done = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "benchmarks", "synthetic.py"), "--model",
+         "MobileNetV3Small", "--image-size", "32", "--batch-size", "4", "--classes", "10",
+         "--warmup-batches", "1", "--batches-per-iter", "1", "--iters", "1", "--rounds", "1",
+         *links], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = _json_from(done.stdout)
+    cases = {"one_rank", "ranks", "alone"} | ({"ranks_over_10gbit"} if links else set())
+    assert set(result["cases"]) == cases
+    assert all(case["images_per_second"] > 0 for case in result["cases"].values())
+    assert set(result["ranks_over_alone"]) == cases - {"one_rank", "alone"}
+    assert len(result["cases"]["alone"]["rounds"][0]["per_rank"]) == 2
+
+
 def test_pbt_textures_task_hands_each_method_its_test_accuracy(monkeypatch):
     import argparse
 
