@@ -39,6 +39,7 @@ import json
 import math
 import os
 import statistics
+import sys
 import tempfile
 import time
 
@@ -221,6 +222,10 @@ def main():
                                                steady)
                     seconds.append(time.perf_counter() - started)
                     regrets.append(best - minimum)
+                # Progress on stderr: whole runs take up to an hour; stdout is the JSON.
+                print(f"hpo.py: {name} b={batch} {method}: median regret "
+                      f"{statistics.median(regrets):.4g} over {args.seeds} seeds, "
+                      f"{sum(seconds):.0f} s", file=sys.stderr, flush=True)
                 column["regrets"][method] = regrets
                 column["median_regret"][method] = statistics.median(regrets)
                 column["seconds"][method] = statistics.median(seconds)

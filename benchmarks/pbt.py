@@ -50,6 +50,7 @@ import io
 import json
 import os
 import statistics
+import sys
 import tempfile
 import time
 
@@ -255,6 +256,12 @@ def summarise(runs, budget):
     return summary
 
 
+def progress(run, method):
+    """One line on stderr per run: a seed takes minutes, and stdout is the JSON."""
+    print(f"pbt.py: seed {run['seed']} {method}: best validation accuracy "
+          f"{run['best_accuracy']:.3f}, {run['seconds']:.0f} s", file=sys.stderr, flush=True)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--task", choices=["digits", "textures"], default="digits")
@@ -297,6 +304,7 @@ def main():
                 runs[method].append({"seed": seed, "epochs": epochs, "best_accuracy": valid,
                                      "test_accuracy": tested, "trials": len(HAND_RATES),
                                      "seconds": round(time.perf_counter() - started, 1)})
+                progress(runs[method][-1], method)
                 continue
             with tempfile.TemporaryDirectory() as directory:
                 tuner, points = run(method, data, args, seed, directory)
@@ -306,6 +314,7 @@ def main():
                                      "trajectory": points})
                 if len(data) == 3:
                     runs[method][-1]["test_accuracy"] = best_model_accuracy(tuner, data[2])
+                progress(runs[method][-1], method)
                 if method != "kdist_pbt":
                     continue
                 if args.plot and seed == args.first_seed:
