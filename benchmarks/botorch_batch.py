@@ -29,14 +29,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import hpo  # noqa: E402  (the problems; numpy only at import)
-
-
-def make_environment(venv):
-    python = os.path.join(venv, "bin", "python")
-    if not os.path.exists(python):
-        subprocess.run([sys.executable, "-m", "venv", venv], check=True)
-        subprocess.run([python, "-m", "pip", "install", "--quiet", "botorch"], check=True)
-    return python
+from _environments import make_environment  # noqa: E402
 
 
 def design_size(dimensions, trials):
@@ -113,7 +106,7 @@ def main():
         parser.error("--seeds and --batches take whole numbers of at least 1")
     if args.inside:
         return inside(args)
-    python = make_environment(args.venv)
+    python = make_environment(args.venv, ["botorch"])
     command = [python, os.path.abspath(__file__), "--inside", "--seeds", str(args.seeds),
                "--problems", args.problems, "--batches", args.batches]
     sys.exit(subprocess.run(command).returncode)

@@ -36,7 +36,6 @@ import argparse
 import json
 import os
 import re
-import shlex
 import subprocess
 import sys
 import time
@@ -223,26 +222,14 @@ def _run_on_two_hosts(ranks, command, settings, link_gbit):
     sending limited to `link_gbit` Gbit/s (network.py's set-up)."""
     sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
     import emulated_hosts
-    from network import limit_link
-
-    from kdist.cli import mpiexec_command
 
     why_not = emulated_hosts.available()
     if why_not:
         raise SystemExit(f"benchmarks/decentralized.py --link-gbit: {why_not}")
     with emulated_hosts.EmulatedHosts(2) as hosts:
         for index in range(2):
-            limit_link(hosts, index, link_gbit)
-        extra = hosts.mpi_args(-(-ranks // 2), forward=sorted(settings)) + [
-            "--bind-to", "none"]
-        # The hosts share this machine's cores: each rank pinned to one, in turn.
-        cores = os.cpu_count() or 1
-        pinned = ["sh", "-c", f"exec taskset -c $((OMPI_COMM_WORLD_RANK % {cores})) "
-                  + " ".join(shlex.quote(part) for part in command)]
-        argv, env = mpiexec_command(ranks, pinned, extra=extra)
-        env.update(settings)
-        return subprocess.run(hosts.on_first_host(argv), env=env, capture_output=True,
-                              text=True, timeout=1800)
+            hosts.limit_link(index, link_gbit)
+        return hosts.run_job(-(-ranks // 2), command, env=settings, timeout=1800, ranks=ranks)
 
 
 def seconds_to(target, curve):

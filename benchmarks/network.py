@@ -36,7 +36,6 @@ import json
 import math
 import os
 import shutil
-import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -44,38 +43,17 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 
 
-def limit_link(hosts, index, gbit):
-    """Limits what host `index` sends to `gbit` Gbit/s (tbf on its side of the veth)."""
-    if not gbit:
-        return
-    rate = gbit * 1e9 / 8  # bytes per second
-    # A bucket of about 1 ms at the rate: bursts the link could carry anyway, no more.
-    burst = max(int(rate * 1e-3), 64 * 1024)
-    device = f"{hosts.prefix}e{index}"
-    subprocess.run(["tc", "-n", hosts.namespace(hosts.names[index]), "qdisc", "add", "dev",
-                    device, "root", "tbf", "rate", f"{gbit}gbit", "burst", str(burst),
-                    "latency", "100ms"], check=True, capture_output=True)
-
-
-def run_case(gbit, overlap_args, timeout):
+def run_case(gbit, overlap_args, timeout, burst=None):
     import emulated_hosts
-
-    from kdist.cli import mpiexec_command
 
     with emulated_hosts.EmulatedHosts(2) as hosts:
         for index in range(2):
-            limit_link(hosts, index, gbit)
-        # One rank per host, each on its own core (the hosts share this machine's).
-        inner = (f"exec taskset -c \"$OMPI_COMM_WORLD_RANK\" {sys.executable} -u "
-                 f"{os.path.join(HERE, 'overlap.py')} {' '.join(overlap_args)}")
+            hosts.limit_link(index, gbit, burst=burst)
         # kdist's own settings (KDIST_RING, bucket sizes, waits) reach both hosts.
-        forward = ["TF_CPP_MIN_LOG_LEVEL", "PYTHONUNBUFFERED"] + sorted(
-            name for name in os.environ if name.startswith("KDIST_"))
-        extra = hosts.mpi_args(1, forward=forward) + ["--bind-to", "none"]
-        argv, env = mpiexec_command(2, ["sh", "-c", inner], extra=extra)
-        env.update({"TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONUNBUFFERED": "1"})
-        done = subprocess.run(hosts.on_first_host(argv), env=env, capture_output=True,
-                              text=True, timeout=timeout)
+        forward = sorted(name for name in os.environ if name.startswith("KDIST_"))
+        done = hosts.run_job(1, [sys.executable, "-u", os.path.join(HERE, "overlap.py")]
+                             + list(overlap_args), forward=forward, timeout=timeout,
+                             env={"TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONUNBUFFERED": "1"})
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode != 0 or not lines:
         raise RuntimeError(f"the {gbit} Gbit/s case failed:\n{(done.stdout + done.stderr)[-3000:]}")
@@ -190,10 +168,10 @@ def main():
         None if shutil.which("tc") else "limiting a link needs the `tc` command (iproute2)")
     if why_not:
         sys.exit(f"benchmarks/network.py: {why_not}")
-    overlap_args = [f"--model {args.model}", f"--width {args.width}", f"--depth {args.depth}",
-                    f"--batch {args.batch}", f"--bucket-mb {args.bucket_mb}",
-                    f"--rounds {args.rounds}", f"--steps {args.steps}", "--inter-op-threads 2",
-                    "--probe"]
+    overlap_args = ["--model", args.model, "--width", str(args.width), "--depth",
+                    str(args.depth), "--batch", str(args.batch), "--bucket-mb",
+                    str(args.bucket_mb), "--rounds", str(args.rounds), "--steps",
+                    str(args.steps), "--inter-op-threads", "2", "--probe"]
     # The unlimited link first: its fitted rate is the hosts' own copying rate, which the
     # cost model needs to tell waiting (hideable) transfer from copying.
     copy_rate, per_bucket = math.inf, 0.0

@@ -59,6 +59,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import numpy as np  # noqa: E402
 
 import hpo_budget  # noqa: E402  (the digits split, the seeding and the trajectories)
+from pbt_toy import cosine_rate  # noqa: E402  (numpy only)
 
 METHODS = ["kdist_pbt", "kdist_pb2", "kt_random", "kdist_bohb", "best_constant",
            "best_cosine"]
@@ -177,16 +178,11 @@ def by_hand(method, data, args):
     """The best of HAND_RATES, constant or cosine-decayed to a hundredth, each trained
     once for max_epochs: (best validation accuracy, test accuracy at that epoch,
     epochs spent)."""
-    import math
-
     import keras
 
     (x, y), validation, test = data
     best, best_test = 0.0, 0.0
     epochs = args.max_epochs
-
-    def cosine(epoch, start):
-        return start * (0.01 + 0.99 * 0.5 * (1 + math.cos(math.pi * epoch / epochs)))
 
     class TestAtEpoch(keras.callbacks.Callback):
         def __init__(self):
@@ -204,7 +200,7 @@ def by_hand(method, data, args):
         callbacks = [scores]
         if method == "best_cosine":
             callbacks.append(keras.callbacks.LearningRateScheduler(
-                lambda epoch, _, start=float(start): cosine(epoch, start)))
+                lambda epoch, _, start=float(start): cosine_rate(epoch, epochs, start)))
         model.fit(x, y, validation_data=validation, batch_size=64, epochs=epochs, verbose=0,
                   callbacks=callbacks)
         valid, tested = max(scores.scores, key=lambda score: score[0])

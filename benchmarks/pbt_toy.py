@@ -129,6 +129,11 @@ def search(method, args, seed, directory):
     return tuner.progress[best.trial_id], tuner.steps
 
 
+def cosine_rate(step, steps, start):
+    """A cosine decay from `start` at step 0 to a hundredth of it at `steps`."""
+    return start * (0.01 + 0.99 * 0.5 * (1 + math.cos(math.pi * step / steps)))
+
+
 def by_hand(method, args, seed):
     """The best of a grid of fixed rates or cosine decays, each trained once."""
     steps = args.max_epochs * args.steps_per_epoch
@@ -137,10 +142,7 @@ def by_hand(method, args, seed):
     for start in np.logspace(-5, -1, 41):
         progress = 0.0
         for step in range(steps):
-            rate = start
-            if method == "best_cosine":
-                share = 0.5 * (1 + math.cos(math.pi * step / steps))
-                rate = start * (0.01 + 0.99 * share)
+            rate = cosine_rate(step, steps, start) if method == "best_cosine" else start
             progress = train(progress, rate, 1, rng)
         best = max(best, progress)
     return best, steps * 41

@@ -30,15 +30,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import pbt_toy  # noqa: E402  (the toy, its options; numpy only)
-
-
-def make_environment(venv):
-    python = os.path.join(venv, "bin", "python")
-    if not os.path.exists(python):
-        subprocess.run([sys.executable, "-m", "venv", venv], check=True)
-        subprocess.run([python, "-m", "pip", "install", "--quiet", "ray[tune]", "numpy"],
-                       check=True)
-    return python
+from _environments import make_environment  # noqa: E402
 
 
 def ray_search(args, seed, ledger):
@@ -117,7 +109,7 @@ def main():
         inside(args)
         return
     shared = pbt_toy.search_arguments(args)
-    python = make_environment(args.venv)
+    python = make_environment(args.venv, ["ray[tune]", "numpy"])
     done = subprocess.run([python, os.path.abspath(__file__), "--inside"] + shared,
                           capture_output=True, text=True)
     if done.returncode != 0:

@@ -167,23 +167,16 @@ def run_case(case, args, timeout=1800):
 
 def over_link(case, command, args, timeout):
     import emulated_hosts
-    import network
-
-    from kdist.cli import mpiexec_command
 
     gbit = float(case[len("ranks_over_"):-len("gbit")])
     with emulated_hosts.EmulatedHosts(2) as hosts:
         for index in range(2):
-            network.limit_link(hosts, index, gbit)
-        per_host = max(1, args.ranks // 2)
-        forward = ["TF_CPP_MIN_LOG_LEVEL"] + [name for name in ("TF_ENABLE_ONEDNN_OPTS",)
-                                             if name in os.environ]
-        extra = hosts.mpi_args(per_host, forward=forward)
-        argv, env = mpiexec_command(per_host * 2, command + ["--pin-by-rank"],
-                                    extra=extra + ["--bind-to", "none"])
-        env["TF_CPP_MIN_LOG_LEVEL"] = "3"
-        done = subprocess.run(hosts.on_first_host(argv), env=env, text=True,
-                              capture_output=True, timeout=timeout)
+            hosts.limit_link(index, gbit)
+        forward = [name for name in ("TF_ENABLE_ONEDNN_OPTS",) if name in os.environ]
+        # The worker pins itself (--pin-by-rank): a rank may own several cores.
+        done = hosts.run_job(max(1, args.ranks // 2), command + ["--pin-by-rank"],
+                             forward=forward, env={"TF_CPP_MIN_LOG_LEVEL": "3"}, pin=False,
+                             timeout=timeout)
     results = results_of(done.stdout)
     if done.returncode or not results:
         raise RuntimeError(f"case {case} failed:\n{(done.stdout + done.stderr)[-3000:]}")

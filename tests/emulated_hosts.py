@@ -126,6 +126,42 @@ class EmulatedHosts:
         state = "up" if up else "down"
         _ip("-n", f"{self.prefix}sw", "link", "set", f"{self.prefix}p{host}", state)
 
+    def limit_link(self, host, gbit, burst=None):
+        """Limits what host `host` (an index) sends to `gbit` Gbit/s with tc's token bucket
+        filter on its side of the veth; `burst` is the bucket in bytes, by default what the
+        rate carries in 1 ms (at least 64 KiB). A falsy `gbit` leaves the link as it is."""
+        if not gbit:
+            return
+        if burst is None:
+            burst = max(int(gbit * 1e9 / 8 * 1e-3), 64 * 1024)
+        subprocess.run(["tc", "-n", self.namespace(self.names[host]), "qdisc", "add", "dev",
+                        f"{self.prefix}e{host}", "root", "tbf", "rate", f"{gbit}gbit",
+                        "burst", str(int(burst)), "latency", "100ms"],
+                       check=True, capture_output=True)
+
+    def run_job(self, ranks_per_host, command, forward=(), env=None, pin=True, timeout=None,
+                ranks=None):
+        """Runs `command` under Open MPI's mpiexec with up to `ranks_per_host` ranks on
+        every host, filled in order (`ranks` in all, by default every slot), launched from
+        h0; the finished process, output captured as text. `env` is
+        set for the launcher and forwarded (with the names in `forward`) to every rank.
+        With `pin`, rank r runs on core r modulo this machine's cores: the hosts share
+        them, and unpinned ranks would wander onto each other's."""
+        from kdist.cli import mpiexec_command
+
+        env = dict(env or {})
+        forward = sorted(set(forward) | set(env))
+        extra = self.mpi_args(ranks_per_host, forward=forward) + ["--bind-to", "none"]
+        if pin:
+            cores = os.cpu_count() or 1
+            command = ["sh", "-c", f"exec taskset -c $((OMPI_COMM_WORLD_RANK % {cores})) "
+                       + shlex.join(command)]
+        argv, full_env = mpiexec_command(ranks or ranks_per_host * self.count, command,
+                                         extra=extra)
+        full_env.update(env)
+        return subprocess.run(self.on_first_host(argv), env=full_env, capture_output=True,
+                              text=True, timeout=timeout)
+
     def mpi_args(self, ranks_per_host, forward=()):
         """Open MPI arguments that place `ranks_per_host` ranks on each host, start the
         other hosts' daemons through the agent, keep MPI's traffic on the hosts' subnet,

@@ -383,6 +383,9 @@ def test_pbt_toy_rewards_only_a_rate_that_follows_the_progress():
             progress, steps = toy.search(method, args, 1, directory)
         assert steps == budget and 0 <= progress <= 2 * 1.5 * 4, method
     assert toy.by_hand("best_cosine", args, 1)[1] == 41 * 4 * 2
+    # The cosine by hand (here and in pbt.py) decays from its start to a hundredth.
+    assert [toy.cosine_rate(step, 10, 2.0) for step in (0, 5, 10)] == pytest.approx(
+        [2.0, 1.01, 0.02])
     import keras_tuner as kt
 
     with tempfile.TemporaryDirectory() as directory:
