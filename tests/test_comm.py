@@ -196,6 +196,11 @@ def test_collectives_on_real_ranks(mpirun, n):
         if r == n - 1:
             assert got["own_message"] == "the script's own message"
         assert got["last_joined"] in ranks
+        # Every rank, then all but the last (which joined): the mean of those training.
+        mean_all, mean_rest = (n + 1) / 2, n / 2
+        assert got["large_average"] == ([mean_all, mean_rest] if r < n - 1 else [mean_all])
+        if r < n - 1:
+            assert got["large_sum"] == sum(range(1, n))
 
 
 def test_mpi_without_thread_support_is_refused_and_serialized_is_warned(monkeypatch):

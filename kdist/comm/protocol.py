@@ -187,6 +187,9 @@ def announce(raw, kind, dtype=0, op=0, count=0, root=0, what="", active=True, st
     active ranks announced different collectives.
     """
     send = np.full(2 * HEADER_SIZE, _INACTIVE, dtype=np.int64)
+    # The negated `active`: -1 from active ranks, 0 from joined ones, so its maximum
+    # tells every rank whether all of them train (the C++ engine counts on it).
+    send[HEADER_SIZE] = 0
     if active:
         header = np.array([1, kind, dtype, op, count, root], dtype=np.int64)
         send[:HEADER_SIZE] = header

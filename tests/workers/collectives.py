@@ -154,5 +154,13 @@ with tf.Graph().as_default(), tf.compat.v1.Session() as session:
         graph_grads.append(session.run(
             [sent, tf.gradients(sent, start, tf.ones([3]))[0]])[1].tolist())
 out["graph_broadcast_grads"] = graph_grads
+# A tensor large enough to travel alone, averaged after the last rank has joined: no
+# packed message carries the count of the ranks that train, the announcement does.
+large_average = tf.function(lambda value: kdist.allreduce(tf.fill([70000], value)))
+out["large_average"] = [float(large_average(tf.constant(float(r + 1)))[0])]
+if r < n - 1:
+    out["large_average"].append(float(large_average(tf.constant(float(r + 1)))[0]))
+    out["large_sum"] = float(tf.function(lambda value: kdist.allreduce(
+        tf.fill([70000], value), op=kdist.Sum))(tf.constant(float(r + 1)))[-1])
 out["last_joined"] = kdist.join()
 report(out)

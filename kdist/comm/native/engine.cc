@@ -22,7 +22,7 @@
 namespace kdist {
 
 Status Announce(MPI_Comm comm, int64_t kind, int64_t dtype, int64_t op, int64_t count,
-                int64_t root, const std::string& what);
+                int64_t root, const std::string& what, bool* all_active = nullptr);
 Status AllgatherCounts(MPI_Comm comm, int64_t rows, int64_t* counts);
 Status AllgatherPayload(MPI_Comm comm, const void* send, int64_t send_bytes, void* recv,
                         const int64_t* row_counts, int64_t row_bytes);
@@ -356,15 +356,30 @@ std::string Describe(const char* kind, int64_t count, int64_t dtype, const std::
 // The payload of one announced allreduce; the caller holds the mutex. With
 // `scaled_sum` (a sum of two ranks' float32 or float64 values) the result is
 // multiplied by g_scaled_sum_factor as it is combined.
+// What a direct tensor's reduction sends and how it combines, decided once its
+// announcement has told whether every rank trains (see FusedAllreduceLocked).
+struct Payload {
+  const void* send;
+  bool scaled_sum;
+};
+using Prepare = std::function<Payload(bool all_active)>;
+
 Status AllreduceLocked(MPI_Comm comm, const void* send, void* recv, int64_t count,
                        int64_t dtype, int64_t op, const std::string& what,
-                       bool scaled_sum = false, int64_t shapes_key = 0) {
+                       bool scaled_sum = false, int64_t shapes_key = 0,
+                       const Prepare* prepare = nullptr) {
   Status status = CheckCount(count, what);
   if (!status.ok) return status;
   const std::string description =
       Describe((std::string("allreduce (") + OpName(op) + ")").c_str(), count, dtype, what);
-  status = Announce(comm, kAllreduce, dtype, op, count, shapes_key, description);
+  bool all_active = true;
+  status = Announce(comm, kAllreduce, dtype, op, count, shapes_key, description, &all_active);
   if (!status.ok) return status;
+  if (prepare != nullptr) {
+    const Payload payload = (*prepare)(all_active);
+    send = payload.send;
+    scaled_sum = payload.scaled_sum;
+  }
   WaitScope waiting(description + ", moving data");
   const int64_t bytes = count * ElementSize(dtype);
   const MPI_Op mpi_op = scaled_sum ? ScaledSumOp(dtype) : MpiOp(dtype, op);
@@ -429,7 +444,7 @@ bool IsFloating(int64_t dtype) {
 }
 
 Status Announce(MPI_Comm comm, int64_t kind, int64_t dtype, int64_t op, int64_t count,
-                int64_t root, const std::string& what) {
+                int64_t root, const std::string& what, bool* all_active) {
   const int64_t header[kHeaderSize] = {1, kind, dtype, op, count, root};
   int64_t send[2 * kHeaderSize], recv[2 * kHeaderSize];
   for (int i = 0; i < kHeaderSize; ++i) {
@@ -456,6 +471,8 @@ Status Announce(MPI_Comm comm, int64_t kind, int64_t dtype, int64_t op, int64_t 
   for (int i = 1; i < kHeaderSize; ++i) {
     if (recv[i] != -recv[kHeaderSize + i]) return Mismatch(comm, what);
   }
+  // Active ranks send -1 there, joined ones 0 (engine.h).
+  if (all_active != nullptr) *all_active = recv[kHeaderSize] < 0;
   return Status();
 }
 
@@ -538,7 +555,11 @@ Status FusedAllreduceLocked(MPI_Comm comm, int n, const void* const* in, void* c
       at += counts[i] * element;
     }
   }
-  if (average) SetOne(dtype, at);
+  // With nothing packed, the count needs no message of its own: the first direct
+  // tensor's announcement tells whether every rank trains, and only when a rank has
+  // joined (and there are more than two) is the count reduced, after the tensors.
+  const bool count_apart = average && packed == 0;
+  if (average && !count_apart) SetOne(dtype, at);
   double factor = postscale;
   int64_t packed_key = 0;
   if (shape_keys != nullptr) {
@@ -548,7 +569,7 @@ Status FusedAllreduceLocked(MPI_Comm comm, int n, const void* const* in, void* c
     }
     packed_key = ShapesKey(keys.data(), static_cast<int64_t>(keys.size()));
   }
-  if (packed + extra > 0) {
+  if (!count_apart && packed + extra > 0) {
     Status status = AllreduceLocked(comm, buffer.data(), buffer.data(), packed + extra, dtype,
                                     op, what + ", packed", false, packed_key);
     if (!status.ok) return status;
@@ -571,26 +592,50 @@ Status FusedAllreduceLocked(MPI_Comm comm, int n, const void* const* in, void* c
   // two ranks it rides on the combination, otherwise it joins the prescale (a
   // sum of scaled values is the scaled sum). Other reductions scale after.
   const bool sum = op == kSum && IsFloating(dtype);
-  const bool combine_scaled = sum && CommSize(comm) == 2 &&
-                              (dtype == kFloat32 || dtype == kFloat64) && prescale * factor != 1.0;
-  const double before = combine_scaled ? 1.0 : (sum ? prescale * factor : prescale);
-  const double after = sum ? 1.0 : factor;
-  if (combine_scaled) g_scaled_sum_factor = prescale * factor;
+  const int size = CommSize(comm);
+  const bool pair = size == 2 && (dtype == kFloat32 || dtype == kFloat64);
+  bool count_known = !count_apart;
+  bool divide_after = false;  // a rank joined, more than two: divide once counted
+  double after = 1.0;
   for (int i = 0; i < n; ++i) {
     if (!direct[i]) continue;
-    const void* source = in[i];
-    if (before != 1.0) {
+    const Prepare prepare = [&, i](bool all_active) {
+      if (!count_known) {
+        count_known = true;
+        // With two ranks and one joined, this rank alone trained.
+        if (all_active || size == 2) factor = postscale / (all_active ? size : 1);
+        else divide_after = true;
+      }
+      const bool combine_scaled = sum && pair && prescale * factor != 1.0;
+      const double before = combine_scaled ? 1.0 : (sum ? prescale * factor : prescale);
+      after = sum ? 1.0 : factor;
+      if (combine_scaled) g_scaled_sum_factor = prescale * factor;
+      if (before == 1.0) return Payload{in[i], combine_scaled};
       Span span("scale", what, counts[i] * element);
       ScaleElements(dtype, in[i], out[i], counts[i], before);
-      source = out[i];
-    }
+      return Payload{out[i], combine_scaled};
+    };
     const int64_t key = shape_keys == nullptr ? 0 : ShapesKey(&shape_keys[i], 1);
-    Status status = AllreduceLocked(comm, source, out[i], counts[i], dtype, op,
-                                    what + ", tensor " + std::to_string(i), combine_scaled, key);
+    Status status = AllreduceLocked(comm, in[i], out[i], counts[i], dtype, op,
+                                    what + ", tensor " + std::to_string(i), false, key,
+                                    &prepare);
     if (!status.ok) return status;
     if (after != 1.0) {
       Span span("scale", what, counts[i] * element);
       ScaleElements(dtype, out[i], out[i], counts[i], after);
+    }
+  }
+  if (divide_after) {
+    std::vector<char> one(element);
+    SetOne(dtype, one.data());
+    Status status = AllreduceLocked(comm, one.data(), one.data(), 1, dtype, kSum,
+                                    what + ", ranks that trained");
+    if (!status.ok) return status;
+    const double contributors = ReadOne(dtype, one.data());
+    for (int i = 0; i < n && contributors > 0; ++i) {
+      if (!direct[i]) continue;
+      Span span("scale", what, counts[i] * element);
+      ScaleElements(dtype, out[i], out[i], counts[i], 1.0 / contributors);
     }
   }
   return Status();

@@ -6,7 +6,8 @@
 //   [active, kind, dtype, op, count, root]
 // (for an allreduce, `root` carries a key of the tensors' shapes: ShapesKey)
 // from every rank that takes part (a rank that has joined sends INT64_MIN
-// everywhere). The maxima and minima tell each rank what the active ranks are
+// everywhere but in the negated `active`, where it sends 0: the maximum there
+// is 0 when a rank has joined, -1 when every rank takes part). The maxima and minima tell each rank what the active ranks are
 // about to do and whether they agree. When they disagree, every rank sees it
 // at the same moment, so all of them gather each other's descriptions and fail
 // with the same message instead of exchanging mismatched buffers; a joined
@@ -94,7 +95,8 @@ int64_t ShapesKey(const int64_t* keys, int64_t n);
 // travel packed in one message, larger ones on their own. With `average`, the
 // packed message carries one more element, 1 from every rank that trains,
 // and results are divided by that count, so ranks that joined (sending zeros)
-// do not bias the mean. out = reduce(in * prescale) * postscale [/ count].
+// do not bias the mean. With nothing packed the count costs no message while
+// every rank trains: the announcement says so. out = reduce(in * prescale) * postscale [/ count].
 // `shape_keys`: each tensor's ShapeKey, or null.
 Status FusedAllreduce(MPI_Comm comm, int n, const void* const* in, void* const* out,
                       const int64_t* counts, int64_t dtype, int64_t op, bool average,
