@@ -1,7 +1,7 @@
 """Data-parallel steps over an emulated network: two hosts and a link of a chosen rate.
 
     python benchmarks/network.py [--rates 1,5,25,0] [--model mlp|conv] [--width 512]
-        [--depth 2] [--batch 64]
+        [--depth 2] [--batch 64] [--bursts 1ms,1mbit]
         [--bucket-mb 4] [--rounds 3] [--steps 20] [--launches 1]
 
 Needs root and `tc` (network namespaces: tests/emulated_hosts.py). For each link rate in
@@ -11,13 +11,19 @@ bucket filter (`tbf`), and runs benchmarks/overlap.py with one rank per host, st
 from the first host through Open MPI's remote-shell agent as on a cluster. Both hosts
 share this machine's cores, so each rank is pinned to a core of its own.
 
-Per rate it prints one JSON object, the medians of overlap.py's rounds: one process's
-compute (`plain`; the slower rank's, which a synchronous step waits for), the raw
-allreduce of the gradient's bytes over the same link, their
-sum, the overlap ideal max(compute, allreduce), and kdist's step with every bucket waiting
-for the backward pass (`serial`) and with buckets reduced as they are ready (`overlap`),
-with the fraction of the communication that overlap hides and kdist's step over the
-overlap ideal. The cost model (kdist.distribute.cost_model) is fitted to raw allreduces of
+`--bursts` sets the token bucket: a time at the rate (1 ms by default) or a size as tc
+reads it (`1mbit`, a smaller bucket at high rates); each rate runs with each burst.
+
+Per rate and burst it prints one JSON object, the medians of overlap.py's rounds: one
+process's compute (`plain`; the slower rank's, which a synchronous step waits for) and
+its forward pass alone (the rest is the backward pass and update), the raw allreduce of
+the gradient's bytes over the same link, their sum, the overlap ideal max(compute,
+allreduce) and forward + max(backward, allreduce), and kdist's step with every bucket
+waiting for the backward pass (`serial`) and with buckets reduced as they are ready
+(`overlap`), with the fraction of the communication that overlap hides. The goals are
+serial within 1.05x of compute + allreduce and overlap within 1.15x of forward +
+max(backward, allreduce); the last object (`"benchmark": "network_goals"`) gives, per
+rate and burst, both ratios (medians over launches) and by how much each misses. The cost model (kdist.distribute.cost_model) is fitted to raw allreduces of
 64 KiB to 16 MiB over the same link, and its predictions of the gradient's allreduce and
 of kdist's steps (overlap 0 and 0.5) stand beside the measurements. The unlimited link,
 when asked for, runs first: its fitted rate is the hosts' own copying rate, above which a
@@ -35,6 +41,8 @@ import argparse
 import json
 import math
 import os
+import re
+import statistics
 import shutil
 import sys
 
@@ -89,24 +97,45 @@ def predict(result, link, bucket_bytes, compute_ms, copy_rate, per_bucket=0.0):
             "per_bucket_ms": round(per_bucket * 1e3, 3)}
 
 
-def summarize(gbit, result, link, bucket_bytes, copy_rate, per_bucket=0.0):
+def burst_bytes(burst, gbit):
+    """tc's bucket for `burst`: a time at the rate ("1ms", "200us") in bytes, at least
+    64 KiB, or a size tc reads itself ("1mbit", "125kb") as it is; None: the default."""
+    if burst is None or not gbit:
+        return None
+    for unit, seconds in (("ms", 1e-3), ("us", 1e-6)):
+        if burst.endswith(unit):
+            return max(int(float(burst[:-len(unit)]) * seconds * gbit * 1e9 / 8), 64 * 1024)
+    return burst
+
+
+def summarize(gbit, result, link, bucket_bytes, copy_rate, per_bucket=0.0, burst="1ms"):
     m = result["median"]
     # A synchronous step waits for the slowest rank's compute; the hosts' cores differ.
     compute, allreduce = max(result["plain_ms_per_rank"]), m["raw_allreduce_ms"]
+    forward = max(result["forward_ms_per_rank"])
     ideal = max(compute, allreduce)
+    # What overlap can reach: the forward pass, then the backward pass and the transfer
+    # side by side.
+    overlap_goal = forward + max(compute - forward, allreduce)
     model = predict(result, link, bucket_bytes, compute, copy_rate, per_bucket)
     communication = m["serial_ms"] - compute
     return {
         "benchmark": "network",
         "link_gbit": gbit or "unlimited",
+        "burst": burst if gbit else None,
         "model": result["model"],
         "gradient_megabytes": result["gradient_megabytes"],
         "buckets": result["buckets"],
         "compute_ms": compute,
         "compute_ms_per_rank": result["plain_ms_per_rank"],
         "raw_allreduce_ms": allreduce,
+        "forward_ms": forward,
+        "backward_ms": round(compute - forward, 3),
         "compute_plus_allreduce_ms": round(compute + allreduce, 3),
         "overlap_ideal_ms": round(ideal, 3),
+        "forward_plus_max_ms": round(overlap_goal, 3),
+        "serial_over_compute_plus_allreduce": round(m["serial_ms"] / (compute + allreduce), 3),
+        "overlap_over_forward_plus_max": round(m["overlap_ms"] / overlap_goal, 3),
         "kdist_serial_ms": m["serial_ms"],
         "kdist_overlap_ms": m["overlap_ms"],
         "hidden_fraction": round((m["serial_ms"] - m["overlap_ms"]) / communication, 3)
@@ -131,9 +160,33 @@ def stability(gbit, launches):
                 f"{key}_slowest_over_fastest": round(max(values) / min(values), 3)}
 
     return {"benchmark": "network_stability", "link_gbit": gbit or "unlimited",
+            "burst": launches[0]["burst"],
             "model": launches[0]["model"], "launches": len(launches),
             **spread("kdist_overlap_ms"), **spread("kdist_serial_ms"),
             **spread("compute_ms"), **spread("raw_allreduce_ms")}
+
+
+SERIAL_GOAL = 1.05  # kdist's serial step over compute + the raw allreduce
+OVERLAP_GOAL = 1.15  # its overlapping step over forward + max(backward, raw allreduce)
+
+
+def goals(summaries):
+    """Per link and burst, the medians over launches of kdist's steps against their goals,
+    and by how much each misses (0 where it is met)."""
+    cells = {}
+    for summary in summaries:
+        cells.setdefault((summary["link_gbit"], summary["burst"]), []).append(summary)
+    rows = []
+    for (gbit, burst), launches in cells.items():
+        serial = statistics.median(s["serial_over_compute_plus_allreduce"] for s in launches)
+        overlap = statistics.median(s["overlap_over_forward_plus_max"] for s in launches)
+        rows.append({"link_gbit": gbit, "burst": burst, "launches": len(launches),
+                     "serial_over_compute_plus_allreduce": round(serial, 3),
+                     "serial_misses_by": round(max(0.0, serial / SERIAL_GOAL - 1), 3),
+                     "overlap_over_forward_plus_max": round(overlap, 3),
+                     "overlap_misses_by": round(max(0.0, overlap / OVERLAP_GOAL - 1), 3)})
+    return {"benchmark": "network_goals", "model": summaries[0]["model"],
+            "serial_goal": SERIAL_GOAL, "overlap_goal": OVERLAP_GOAL, "cells": rows}
 
 
 def main():
@@ -149,6 +202,9 @@ def main():
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--timeout", type=float, default=600)
+    parser.add_argument("--bursts", default="1ms",
+                        help="tbf buckets, comma-separated: a time at the rate (1ms, 200us) "
+                             "or a size as tc reads it (1mbit, 125kb); default 1ms")
     parser.add_argument("--launches", type=int, default=1,
                         help="launches per rate; above 1 adds the launch-to-launch spread")
     args = parser.parse_args()
@@ -160,6 +216,11 @@ def main():
         parser.error(f"--rates takes numbers separated by commas; got {args.rates!r}")
     if any(r < 0 for r in rates):
         parser.error("--rates must not be negative")
+    bursts = [b.strip() for b in args.bursts.split(",") if b.strip()]
+    size = re.compile(r"^\d+(\.\d+)?(ms|us|b|kb|mb|kbit|mbit|gbit)?$", re.IGNORECASE)
+    if not bursts or not all(size.match(b) for b in bursts):
+        parser.error(f"--bursts takes times (1ms, 200us) or tc sizes (1mbit, 125kb) "
+                     f"separated by commas; got {args.bursts!r}")
     import emulated_hosts
 
     from kdist.comm import fusion
@@ -175,27 +236,34 @@ def main():
     # The unlimited link first: its fitted rate is the hosts' own copying rate, which the
     # cost model needs to tell waiting (hideable) transfer from copying.
     copy_rate, per_bucket = math.inf, 0.0
-    for gbit in sorted(rates, key=lambda rate: rate != 0):
+    everything = []
+    cases = [(rate, burst) for rate in sorted(rates, key=lambda rate: rate != 0)
+             for burst in (bursts if rate else bursts[:1])]
+    for gbit, burst in cases:
         gbit = int(gbit) if gbit == int(gbit) else gbit
         launches = []
         for launch in range(args.launches):
-            result = run_case(gbit, overlap_args, args.timeout)
+            result = run_case(gbit, overlap_args, args.timeout, burst_bytes(burst, gbit))
             link = fitted_link(result)
             if not gbit and launch == 0:
                 copy_rate = link.bandwidth
             bucket_bytes = args.bucket_mb * 2**20 or fusion.auto_bucket_bytes(
                 result["gradient_megabytes"] * 1e6, spans_hosts=True)
-            summary = summarize(gbit, result, link, bucket_bytes, copy_rate, per_bucket)
+            summary = summarize(gbit, result, link, bucket_bytes, copy_rate, per_bucket,
+                                burst)
             if not gbit and launch == 0:
                 # What kdist's serial step takes beyond compute and the buckets' raw
                 # transfers, shared among the buckets: its own per-bucket work.
                 extra = summary["kdist_serial_ms"] - summary["predicted_serial_ms"]
                 per_bucket = max(0.0, extra / summary["buckets"]) / 1e3
-                summary = summarize(gbit, result, link, bucket_bytes, copy_rate, per_bucket)
+                summary = summarize(gbit, result, link, bucket_bytes, copy_rate, per_bucket,
+                                    burst)
             launches.append(summary)
             print(json.dumps(dict(summary, launch=launch)), flush=True)
         if args.launches > 1:
             print(json.dumps(stability(gbit, launches)), flush=True)
+        everything += launches
+    print(json.dumps(goals(everything)), flush=True)
 
 
 if __name__ == "__main__":

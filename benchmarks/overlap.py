@@ -14,7 +14,9 @@ before it), so that whatever else the machine does touches all three alike:
   whole backward pass (`KDIST_OVERLAP=0`);
 - `overlap`: the same buckets, each reduced as soon as its gradients exist;
 - `raw_allreduce`: one `MPI.COMM_WORLD.Allreduce` of a buffer of the gradient's bytes,
-  the floor for the communication alone.
+  the floor for the communication alone;
+- `forward`: the plain model's forward pass and loss alone, so that plain - forward is
+  the backward pass (and update) that overlap can hide the transfer behind.
 
 `communication_ms` = serial - plain, `hidden_fraction` =
 (serial - overlap) / (serial - plain), per round from the median step times;
@@ -74,9 +76,28 @@ def first_step(model, overlap, x, y):
             os.environ["KDIST_OVERLAP"] = saved
 
 
-def interleaved(models, x, y, batch, steps, comm, raw):
+def forward_pass(model):
+    """The plain model's forward pass and loss, compiled as its training step is: what
+    precedes the backward pass, so that plain - forward is the backward pass (with the
+    optimizer's update, which no communication can hide either)."""
+    import keras
+    import tensorflow as tf
+
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    @tf.function
+    def forward(x, y):
+        return loss(y, model(x, training=True))
+
+    return forward
+
+
+def interleaved(models, forward, x, y, batch, steps, comm, raw):
     """Step times (ms) of each model, then of one raw allreduce of `raw` (its gradient's
-    bytes), per step: rows of [plain, serial, overlap, raw]."""
+    bytes), then of the plain model's forward pass, per step: rows of [plain, serial,
+    overlap, raw, forward]."""
+    import tensorflow as tf
+
     received = np.empty_like(raw)
     times = []
     for step in range(steps + SETTLE):
@@ -90,6 +111,10 @@ def interleaved(models, x, y, batch, steps, comm, raw):
         comm.Barrier()
         start = time.perf_counter()
         comm.Allreduce(raw, received)
+        row.append((time.perf_counter() - start) * 1e3)
+        inputs, labels = tf.constant(x[rows]), tf.constant(y[rows])
+        start = time.perf_counter()
+        forward(inputs, labels).numpy()
         row.append((time.perf_counter() - start) * 1e3)
         times.append(row)
     return np.array(times[SETTLE:])
@@ -156,12 +181,16 @@ def main():
     models = [model for model, _ in built]
     parameters = sum(int(np.prod(v.shape)) for v in models[0].trainable_variables)
     raw = np.ones(parameters, np.float32)
+    forward = forward_pass(models[0])
+    forward(x[:args.batch], y[:args.batch])
     rounds = []
     for _ in range(args.rounds):
-        plain, serial, overlap, allreduce = np.median(
-            interleaved(models, x, y, args.batch, args.steps, MPI.COMM_WORLD, raw), axis=0)
+        plain, serial, overlap, allreduce, forward_ms = np.median(
+            interleaved(models, forward, x, y, args.batch, args.steps, MPI.COMM_WORLD, raw),
+            axis=0)
         communication = serial - plain
-        rounds.append({"plain_ms": round(plain, 3), "serial_ms": round(serial, 3),
+        rounds.append({"plain_ms": round(plain, 3), "forward_ms": round(forward_ms, 3),
+                       "serial_ms": round(serial, 3),
                        "overlap_ms": round(overlap, 3),
                        "raw_allreduce_ms": round(allreduce, 3),
                        "communication_ms": round(communication, 3),
@@ -171,6 +200,7 @@ def main():
               for key in rounds[0] if any(r[key] is not None for r in rounds)}
     # A synchronous step waits for the slowest rank's compute: each rank's own.
     plain_per_rank = MPI.COMM_WORLD.allgather(median["plain_ms"])
+    forward_per_rank = MPI.COMM_WORLD.allgather(median["forward_ms"])
     probe = link_probe(MPI.COMM_WORLD) if args.probe else None
     # What a broken benchmark would get wrong: the serial and overlapping models took the
     # same steps on the same data from the same start, so their weights must be the same
@@ -196,6 +226,7 @@ def main():
             "steps_per_round": args.steps,
             "median": median,
             "plain_ms_per_rank": plain_per_rank,
+            "forward_ms_per_rank": forward_per_rank,
             "rounds": rounds,
             "weights_serial_vs_overlap_max_difference": serial_vs_overlap,
             "weights_across_ranks_max_difference": across_ranks,

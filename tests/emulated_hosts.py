@@ -128,15 +128,16 @@ class EmulatedHosts:
 
     def limit_link(self, host, gbit, burst=None):
         """Limits what host `host` (an index) sends to `gbit` Gbit/s with tc's token bucket
-        filter on its side of the veth; `burst` is the bucket in bytes, by default what the
-        rate carries in 1 ms (at least 64 KiB). A falsy `gbit` leaves the link as it is."""
+        filter on its side of the veth; `burst` is the bucket (bytes, or a size as tc reads
+        it: "1mbit"), by default what the rate carries in 1 ms (at least 64 KiB). A falsy
+        `gbit` leaves the link as it is."""
         if not gbit:
             return
         if burst is None:
             burst = max(int(gbit * 1e9 / 8 * 1e-3), 64 * 1024)
         subprocess.run(["tc", "-n", self.namespace(self.names[host]), "qdisc", "add", "dev",
                         f"{self.prefix}e{host}", "root", "tbf", "rate", f"{gbit}gbit",
-                        "burst", str(int(burst)), "latency", "100ms"],
+                        "burst", str(burst), "latency", "100ms"],
                        check=True, capture_output=True)
 
     def run_job(self, ranks_per_host, command, forward=(), env=None, pin=True, timeout=None,

@@ -2,6 +2,8 @@
 
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -605,14 +607,47 @@ def test_network_benchmark_sets_kdist_beside_the_raw_allreduce_over_a_limited_li
         mpiexec_path):
     done = _run_over_emulated_hosts("network.py", "--rates", "2", "--width", "64", "--batch",
                                     "16", "--bucket-mb", "0.01", "--rounds", "1", "--steps",
-                                    "4")
+                                    "4", "--bursts", "200kb")
     rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-    assert len(rows) == 1 and rows[0]["link_gbit"] == 2 and rows[0]["buckets"] >= 2
-    row = rows[0]
+    assert len(rows) == 2 and rows[0]["link_gbit"] == 2 and rows[0]["buckets"] >= 2
+    row, goals = rows
     # The cost model is fitted to the limited link: were the limit not applied, the
     # loopback's tens of Gbit/s would show.
     assert 0 < row["fitted_gbit"] <= 2 * 1.2
     assert row["predicted_serial_ms"] >= row["predicted_overlap_ms"] >= row["compute_ms"]
+    # The backward pass is what is left of the step once the forward pass is timed.
+    assert 0 < row["forward_ms"] < row["compute_ms"]
+    assert row["backward_ms"] == pytest.approx(row["compute_ms"] - row["forward_ms"], abs=2e-3)
+    assert row["forward_plus_max_ms"] == pytest.approx(
+        row["forward_ms"] + max(row["backward_ms"], row["raw_allreduce_ms"]), abs=2e-3)
+    (cell,) = goals["cells"]
+    assert (cell["link_gbit"], cell["burst"], cell["launches"]) == (2, "200kb", 1)
+    assert cell["serial_misses_by"] == pytest.approx(
+        max(0.0, row["serial_over_compute_plus_allreduce"] / 1.05 - 1), abs=2e-3)
+
+
+def test_emulated_links_take_the_token_bucket_they_are_given():
+    import emulated_hosts
+
+    why_not = emulated_hosts.available() or (None if shutil.which("tc") else "no tc")
+    if why_not:
+        pytest.skip(why_not)
+    network = _load_benchmark("network")
+    # A time becomes bytes at the rate (at least 64 KiB); a size goes to tc as it is.
+    assert network.burst_bytes("1ms", 10) == 1_250_000
+    assert network.burst_bytes("1ms", 0.1) == 64 * 1024
+    assert network.burst_bytes("1mbit", 10) == "1mbit"
+    with emulated_hosts.EmulatedHosts(2) as hosts:
+        hosts.limit_link(0, 10, burst=network.burst_bytes("1ms", 10))
+        hosts.limit_link(1, 10, burst="1mbit")
+        shown = [subprocess.run(["tc", "-n", hosts.namespace(name), "qdisc", "show"],
+                                capture_output=True, text=True, check=True).stdout
+                 for name in hosts.names]
+    # tc shows each bucket in bytes of its own rounding (1,250,000 as 1248750b).
+    buckets = [re.search(r"rate 10Gbit burst (\d+)b ", text) for text in shown]
+    assert all(buckets)
+    assert int(buckets[0].group(1)) == pytest.approx(1_250_000, rel=0.01)
+    assert int(buckets[1].group(1)) == pytest.approx(1e6 / 8, rel=0.05)  # 1 Mbit
 
 
 @pytest.mark.mpi
