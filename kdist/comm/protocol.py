@@ -1,8 +1,10 @@
 """The wire protocol of every kdist collective, on the Python side.
 
 Each collective is announced before it moves data: every rank that takes part
-contributes a header `[active, kind, dtype, op, count, root]` and its negation
-to one `MPI_MAX` allreduce of 12 int64 values. The maxima and minima say what
+contributes a header `[active, kind, dtype, op, count, root]` and its negation,
+and every rank takes the maximum of the 12 int64 values over the ranks, by
+dissemination (`disseminate_max`: ceil(log2 size) rounds of one message each way,
+so that the last rank to arrive finishes at once). The maxima and minima say what
 the active ranks are about to do and whether they agree:
 
 - ranks that disagree (another model, another step pattern, tensors of
@@ -163,20 +165,42 @@ def describe(kind, dtype=0, op=0, count=0, root=0, label=""):
 
 
 def wait(request, what, state=None):
-    """Completes an MPI request without holding a core through a long wait.
+    """Completes an MPI request (or a list of them) without holding a core through a
+    long wait.
 
     Peers usually arrive within microseconds, so it tests in a loop first;
     after a millisecond it sleeps between tests, with a growing pause, so a
     rank that waits for a slow peer leaves the core to processes that compute.
     `state` is what the watchdog reports of this wait (`watchdog.WAITING` by default).
     """
+    done = request.Test if not isinstance(request, list) else (
+        lambda: _mpi().Request.Testall(request))
     with watchdog.waiting(what, state or watchdog.WAITING):
         start = time.monotonic()
         pause = 20e-6
-        while not request.Test():
+        while not done():
             if time.monotonic() - start > 1e-3:
                 time.sleep(pause)
                 pause = min(pause * 2, 1e-3)
+
+
+ANNOUNCE_TAG = 7300  # + the round; the C++ engine's DisseminateMax uses the same
+
+
+def disseminate_max(raw, values, what, state=None):
+    """The element-wise maximum of int64 `values` over `raw`, in place: in round k each
+    rank sends what it holds to rank + 2^k and keeps the maximum with what rank - 2^k
+    sends (a maximum may count a rank twice), as kdist's C++ engine does."""
+    size, rank = raw.Get_size(), raw.Get_rank()
+    step, round_ = 1, 0
+    while step < size:
+        outgoing, incoming = values.copy(), np.empty_like(values)
+        wait([raw.Irecv(incoming, source=(rank - step) % size, tag=ANNOUNCE_TAG + round_),
+              raw.Isend(outgoing, dest=(rank + step) % size, tag=ANNOUNCE_TAG + round_)],
+             what, state)
+        np.maximum(values, incoming, out=values)
+        step, round_ = step * 2, round_ + 1
+    return values
 
 
 def announce(raw, kind, dtype=0, op=0, count=0, root=0, what="", active=True, state=None):
@@ -194,9 +218,8 @@ def announce(raw, kind, dtype=0, op=0, count=0, root=0, what="", active=True, st
         header = np.array([1, kind, dtype, op, count, root], dtype=np.int64)
         send[:HEADER_SIZE] = header
         send[HEADER_SIZE:] = -header
-    received = np.empty_like(send)
-    request = raw.Iallreduce(send, received, op=_mpi().MAX)
-    wait(request, what or describe(kind, dtype, op, count, root), state)
+    received = disseminate_max(raw, send.copy(), what or describe(kind, dtype, op, count, root),
+                               state)
     if received[0] != 1:
         return None
     maxima, minima = received[1:HEADER_SIZE], received[HEADER_SIZE + 1:]

@@ -460,11 +460,11 @@ Status Announce(MPI_Comm comm, int64_t kind, int64_t dtype, int64_t op, int64_t 
     yield = !SpansHosts(comm);
   }
   Span span("negotiate", what, 0);
-  MPI_Request request;
-  int rc = MPI_Iallreduce(send, recv, 2 * kHeaderSize, MPI_INT64_T, MPI_MAX, comm, &request);
-  if (rc == MPI_SUCCESS) {
+  std::memcpy(recv, send, sizeof(send));
+  int rc;
+  {
     WaitScope waiting(what);
-    rc = WaitAll(1, &request, yield);
+    rc = DisseminateMax(recv, 2 * kHeaderSize, comm, yield);
   }
   Status status = Check(rc, "announcing a collective", what);
   if (!status.ok) return status;

@@ -2,7 +2,8 @@
 // a TensorFlow graph or an XLA program.
 //
 // Every collective is announced before it moves data. The announcement (the
-// "header") is an MPI_MAX allreduce of six int64 values and their negations:
+// "header") is a maximum over the ranks (DisseminateMax, ring.h) of six int64
+// values and their negations:
 //   [active, kind, dtype, op, count, root]
 // (for an allreduce, `root` carries a key of the tensors' shapes: ShapesKey)
 // from every rank that takes part (a rank that has joined sends INT64_MIN

@@ -113,6 +113,30 @@ int WaitAll(int n, MPI_Request* requests, bool yield) {
   return rc;
 }
 
+int DisseminateMax(int64_t* values, int count, MPI_Comm comm, bool yield) {
+  constexpr int kAnnounceTag = 7300;  // + the round (protocol.py: ANNOUNCE_TAG)
+  int size = 1, rank = 0;
+  MPI_Comm_size(comm, &size);
+  MPI_Comm_rank(comm, &rank);
+  std::vector<int64_t> outgoing(count), incoming(count);
+  for (int round = 0, step = 1; step < size; ++round, step *= 2) {
+    std::memcpy(outgoing.data(), values, sizeof(int64_t) * count);
+    MPI_Request requests[2];
+    int rc = MPI_Irecv(incoming.data(), count, MPI_INT64_T, (rank - step + size) % size,
+                       kAnnounceTag + round, comm, &requests[0]);
+    if (rc != MPI_SUCCESS) return rc;
+    rc = MPI_Isend(outgoing.data(), count, MPI_INT64_T, (rank + step) % size,
+                   kAnnounceTag + round, comm, &requests[1]);
+    if (rc != MPI_SUCCESS) return rc;
+    rc = WaitAll(2, requests, yield);
+    if (rc != MPI_SUCCESS) return rc;
+    for (int i = 0; i < count; ++i) {
+      if (incoming[i] > values[i]) values[i] = incoming[i];
+    }
+  }
+  return MPI_SUCCESS;
+}
+
 bool SpansHosts(MPI_Comm comm) {
   int size = 1;
   MPI_Comm_size(comm, &size);
