@@ -353,9 +353,6 @@ std::string Describe(const char* kind, int64_t count, int64_t dtype, const std::
          " values" + (what.empty() ? "" : " (" + what + ")");
 }
 
-// The payload of one announced allreduce; the caller holds the mutex. With
-// `scaled_sum` (a sum of two ranks' float32 or float64 values) the result is
-// multiplied by g_scaled_sum_factor as it is combined.
 // What a direct tensor's reduction sends and how it combines, decided once its
 // announcement has told whether every rank trains (see FusedAllreduceLocked).
 struct Payload {
@@ -364,6 +361,10 @@ struct Payload {
 };
 using Prepare = std::function<Payload(bool all_active)>;
 
+// The payload of one announced allreduce; the caller holds the mutex. With
+// `scaled_sum` (a sum of two ranks' float32 or float64 values) the result is
+// multiplied by g_scaled_sum_factor as it is combined; `prepare`, when given,
+// decides both after the announcement.
 Status AllreduceLocked(MPI_Comm comm, const void* send, void* recv, int64_t count,
                        int64_t dtype, int64_t op, const std::string& what,
                        bool scaled_sum = false, int64_t shapes_key = 0,
