@@ -23,7 +23,8 @@ waiting for the backward pass (`serial`) and with buckets reduced as they are re
 (`overlap`), with the fraction of the communication that overlap hides. The goals are
 serial within 1.05x of compute + allreduce and overlap within 1.15x of forward +
 max(backward, allreduce); the last object (`"benchmark": "network_goals"`) gives, per
-rate and burst, both ratios (medians over launches) and by how much each misses. The cost model (kdist.distribute.cost_model) is fitted to raw allreduces of
+rate and burst, both ratios (medians over launches) and by how much each misses. The
+cost model (kdist.distribute.cost_model) is fitted to raw allreduces of
 64 KiB to 16 MiB over the same link, and its predictions of the gradient's allreduce and
 of kdist's steps (overlap 0 and 0.5) stand beside the measurements. The unlimited link,
 when asked for, runs first: its fitted rate is the hosts' own copying rate, above which a

@@ -8,8 +8,9 @@
 // (for an allreduce, `root` carries a key of the tensors' shapes: ShapesKey)
 // from every rank that takes part (a rank that has joined sends INT64_MIN
 // everywhere but in the negated `active`, where it sends 0: the maximum there
-// is 0 when a rank has joined, -1 when every rank takes part). The maxima and minima tell each rank what the active ranks are
-// about to do and whether they agree. When they disagree, every rank sees it
+// is 0 when a rank has joined, -1 when every rank takes part). The maxima and
+// minima tell each rank what the active ranks are about to do and whether they
+// agree. When they disagree, every rank sees it
 // at the same moment, so all of them gather each other's descriptions and fail
 // with the same message instead of exchanging mismatched buffers; a joined
 // rank reads the header and takes part in the payload with neutral values.
